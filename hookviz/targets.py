@@ -1,0 +1,178 @@
+"""Target specs -> the (N, K) scores to explain, and one batched backward pass over them.
+
+A target spec is one of:
+
+- ``None``: the model's top class for each input;
+- an ``int``: the same class for every input;
+- a sequence or 1-D tensor of N ints: one class per input;
+- an (N, K) integer tensor (or nested sequence): K classes per input; results gain a K axis after N, computed from
+  one forward pass with the K backward seeds batched;
+- a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
+  output is not a class vector (segmentation maps, dicts, detection heads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import torch
+from torch import Tensor
+
+TargetFn: TypeAlias = Callable[[Any], Tensor]
+TargetSpec: TypeAlias = "int | Sequence[int] | Sequence[Sequence[int]] | Tensor | TargetFn | None"
+BackwardStrategy: TypeAlias = Literal["auto", "vmap", "loop"]
+
+
+@dataclass
+class Targets:
+    """A resolved target spec: scores are still attached to the autograd graph."""
+
+    scores: Tensor  # (N, K)
+    indices: Tensor | None  # (N, K) long class indices; None for callable targets
+    multi: bool  # whether results keep the K axis
+
+
+def check_target(target: object, n: int) -> Tensor | Callable[[Any], Tensor] | None:
+    """Normalize a target spec before any work: `None`, a callable, or an (N, K) long tensor (on the cpu).
+
+    Raises `TypeError`/`ValueError` for specs that are wrong whatever the model outputs (wrong type, wrong length,
+    negative classes). Whether classes are in range is checked once the output is known (`resolve_targets`).
+    """
+    if target is None or (callable(target) and not isinstance(target, Tensor)):
+        return target  # type: ignore[return-value]
+    if isinstance(target, bool):
+        raise TypeError("target must be an int class index, not a bool")
+    if isinstance(target, int):
+        idx = torch.full((n, 1), target, dtype=torch.long)
+    else:
+        if isinstance(target, Tensor):
+            t = target.detach().cpu()
+        elif isinstance(target, Sequence) and not isinstance(target, str):
+            try:
+                t = torch.as_tensor(target)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"target sequence must hold ints (one per input) or equal-length rows of ints; got {target!r}"
+                ) from exc
+        else:
+            raise TypeError(
+                "target must be None, an int, a sequence or tensor of ints, an (N, K) tensor of ints, or a callable "
+                f"f(output) -> (N,) scores; got {type(target).__name__}"
+            )
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"target tensor must hold integer class indices, got dtype {t.dtype}")
+        if t.dim() == 0:
+            t = t.expand(n)
+        if t.dim() == 1:
+            if t.shape[0] != n:
+                raise ValueError(f"target has {t.shape[0]} entries but the batch has {n} inputs; give one per input")
+            idx = t.long().unsqueeze(1)
+        elif t.dim() == 2:
+            if t.shape[0] != n or t.shape[1] == 0:
+                raise ValueError(
+                    f"an (N, K) target must have N = {n} rows (one per input) and K >= 1 columns; got {tuple(t.shape)}"
+                )
+            idx = t.long()
+        else:
+            raise ValueError(f"target must be 0-, 1- or 2-D (N, K); got shape {tuple(t.shape)}")
+    if (idx < 0).any():
+        raise ValueError(f"target classes must be >= 0; got {idx.min().item()} (negative indices are not wrapped)")
+    return idx
+
+
+def resolve_targets(target: object, output: Any, n: int) -> Targets:
+    """Turn a checked spec and the model output into the (N, K) scores to differentiate."""
+    spec = target if isinstance(target, Tensor) or target is None or callable(target) else check_target(target, n)
+    multi = isinstance(target, Tensor) and target.dim() == 2 or _is_nested(target)
+    if callable(spec) and not isinstance(spec, Tensor):
+        return _callable_scores(spec, output, n)
+    if not isinstance(output, Tensor) or output.dim() != 2:
+        got = type(output).__name__ if not isinstance(output, Tensor) else f"a tensor of shape {tuple(output.shape)}"
+        raise ValueError(
+            f"class targets need a model output of shape (N, classes), but the model returned {got}; pass a callable "
+            "target instead, e.g. target=lambda out: out['logits'][:, 3] or lambda out: out[:, 3].sum((1, 2))"
+        )
+    if output.shape[0] != n:
+        raise ValueError(f"model output has {output.shape[0]} rows for {n} inputs; the batch axis must be kept")
+    classes = output.shape[1]
+    if spec is None:
+        idx = output.detach().argmax(dim=1, keepdim=True)
+    else:
+        idx = check_target(spec, n)
+        assert isinstance(idx, Tensor)
+        if (idx >= classes).any():
+            bad = idx[idx >= classes].unique().tolist()
+            raise ValueError(
+                f"target class {bad[0] if len(bad) == 1 else bad} is out of range: the model has {classes} classes "
+                f"(valid targets are 0..{classes - 1})"
+            )
+        idx = idx.to(output.device)
+    return Targets(scores=output.gather(1, idx), indices=idx, multi=bool(multi))
+
+
+def _is_nested(target: object) -> bool:
+    return (
+        isinstance(target, Sequence)
+        and not isinstance(target, str)
+        and len(target) > 0
+        and isinstance(target[0], Sequence | Tensor)
+        and not isinstance(target[0], str)
+    )
+
+
+def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Targets:
+    try:
+        scores = fn(output)
+    except Exception as exc:
+        raise RuntimeError(f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output") from exc
+    if not isinstance(scores, Tensor) or scores.dim() not in (1, 2) or scores.shape[0] != n:
+        got = f"shape {tuple(scores.shape)}" if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(
+            f"a callable target must return a tensor of shape (N,) or (N, K) with N = {n} (one score per input); "
+            f"got {got}. Reduce per input, e.g. out[:, cls].sum(dim=(1, 2)) for a segmentation map"
+        )
+    if not scores.requires_grad:
+        raise ValueError("the target callable returned scores that are not connected to the model output")
+    multi = scores.dim() == 2
+    return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
+
+
+def batched_grad(
+    scores: Tensor, inputs: Sequence[Tensor], *, strategy: BackwardStrategy = "auto"
+) -> list[Tensor]:
+    """Gradients of each column of `scores` (N, K) w.r.t. each of `inputs`, as (N, K, *input.shape[1:]) tensors.
+
+    Inputs of the N samples must be independent (no batch statistics: the model is in eval mode), so the gradient of
+    the column sum gives every sample's gradient at once. With K > 1 the K seeds are batched: ``"vmap"`` runs one
+    vectorized backward pass (`torch.autograd.grad(..., is_grads_batched=True)`), ``"loop"`` runs K backward passes
+    over the retained graph. ``"auto"`` uses vmap and falls back to the loop for operations vmap cannot batch.
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (N, K), got shape {tuple(scores.shape)}")
+    n, k = scores.shape
+    try:
+        if k == 1:
+            grads = torch.autograd.grad(scores.sum(), inputs)
+            return [g.unsqueeze(1) for g in grads]
+        if strategy in ("auto", "vmap"):
+            seeds = torch.eye(k, dtype=scores.dtype, device=scores.device).unsqueeze(1).expand(k, n, k)
+            try:
+                # retain the graph under "auto" so a failed vmap attempt can fall back to the loop
+                grads = torch.autograd.grad(
+                    scores, inputs, grad_outputs=seeds, is_grads_batched=True, retain_graph=strategy == "auto"
+                )
+                return [g.movedim(0, 1) for g in grads]
+            except (RuntimeError, NotImplementedError):
+                if strategy == "vmap":
+                    raise
+        per_k = [torch.autograd.grad(scores[:, j].sum(), inputs, retain_graph=j < k - 1) for j in range(k)]
+        return [torch.stack([g[i] for g in per_k], dim=1) for i in range(len(inputs))]
+    except RuntimeError as exc:
+        if "does not require grad" in str(exc) or "not have been used in the graph" in str(exc):
+            raise RuntimeError(
+                "the target score is not connected to the tensor being explained (is the layer used in the "
+                "forward pass? does the callable target use the model output?)"
+            ) from exc
+        raise
