@@ -12,7 +12,6 @@ import fnmatch
 from collections.abc import Callable, Iterator
 from typing import Any, TypeAlias
 
-import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
@@ -22,7 +21,7 @@ Selector: TypeAlias = "str | type[nn.Module] | tuple[type[nn.Module], ...] | nn.
 _GLOB_CHARS = "*?["
 # PyTorch's message when a module hooked with a full backward hook has its output modified in place later
 # (https://github.com/pytorch/pytorch/issues/61519).
-_INPLACE_VIEW_ERROR = "BackwardHookFunctionBackward"
+_INPLACE_VIEW_ERROR = "BackwardHookFunction"
 
 
 class HookError(RuntimeError):
@@ -289,4 +288,3 @@ def hook_counts(model: nn.Module) -> dict[str, int]:
         counts["backward"] += len(m._backward_hooks)
         counts["backward_pre"] += len(m._backward_pre_hooks)
     return counts
-

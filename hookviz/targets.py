@@ -34,60 +34,73 @@ class Targets:
     multi: bool  # whether results keep the K axis
 
 
-def check_target(target: object, n: int) -> Tensor | Callable[[Any], Tensor] | None:
-    """Normalize a target spec before any work: `None`, a callable, or an (N, K) long tensor (on the cpu).
+@dataclass(frozen=True)
+class TargetPlan:
+    """A target spec checked before any work: class indices (on the cpu) or a callable, and whether K is kept."""
+
+    indices: Tensor | None  # (N, K) long, None for `top` and callable specs
+    fn: TargetFn | None
+    multi: bool
+
+
+def check_target(target: object, n: int) -> TargetPlan:
+    """Normalize a target spec before any work is done.
 
     Raises `TypeError`/`ValueError` for specs that are wrong whatever the model outputs (wrong type, wrong length,
     negative classes). Whether classes are in range is checked once the output is known (`resolve_targets`).
     """
-    if target is None or (callable(target) and not isinstance(target, Tensor)):
-        return target  # type: ignore[return-value]
+    if isinstance(target, TargetPlan):
+        return target
+    if target is None:
+        return TargetPlan(None, None, False)
+    if callable(target) and not isinstance(target, Tensor):
+        return TargetPlan(None, target, False)  # type: ignore[arg-type]
     if isinstance(target, bool):
         raise TypeError("target must be an int class index, not a bool")
     if isinstance(target, int):
-        idx = torch.full((n, 1), target, dtype=torch.long)
-    else:
-        if isinstance(target, Tensor):
-            t = target.detach().cpu()
-        elif isinstance(target, Sequence) and not isinstance(target, str):
-            try:
-                t = torch.as_tensor(target)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"target sequence must hold ints (one per input) or equal-length rows of ints; got {target!r}"
-                ) from exc
-        else:
+        return _checked(torch.full((n, 1), target, dtype=torch.long), multi=False)
+    if isinstance(target, Tensor):
+        t = target.detach().cpu()
+    elif isinstance(target, Sequence) and not isinstance(target, str):
+        try:
+            t = torch.as_tensor(target)
+        except (TypeError, ValueError, RuntimeError) as exc:
             raise TypeError(
-                "target must be None, an int, a sequence or tensor of ints, an (N, K) tensor of ints, or a callable "
-                f"f(output) -> (N,) scores; got {type(target).__name__}"
+                f"target sequence must hold ints (one per input) or equal-length rows of ints; got {target!r}"
+            ) from exc
+    else:
+        raise TypeError(
+            "target must be None, an int, a sequence or tensor of ints, an (N, K) tensor of ints, or a callable "
+            f"f(output) -> (N,) scores; got {type(target).__name__}"
+        )
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"target tensor must hold integer class indices, got dtype {t.dtype}")
+    if t.dim() == 0:
+        return _checked(t.long().expand(n, 1), multi=False)
+    if t.dim() == 1:
+        if t.shape[0] != n:
+            raise ValueError(f"target has {t.shape[0]} entries but the batch has {n} inputs; give one per input")
+        return _checked(t.long().unsqueeze(1), multi=False)
+    if t.dim() == 2:
+        if t.shape[0] != n or t.shape[1] == 0:
+            raise ValueError(
+                f"an (N, K) target must have N = {n} rows (one per input) and K >= 1 columns; got {tuple(t.shape)}"
             )
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"target tensor must hold integer class indices, got dtype {t.dtype}")
-        if t.dim() == 0:
-            t = t.expand(n)
-        if t.dim() == 1:
-            if t.shape[0] != n:
-                raise ValueError(f"target has {t.shape[0]} entries but the batch has {n} inputs; give one per input")
-            idx = t.long().unsqueeze(1)
-        elif t.dim() == 2:
-            if t.shape[0] != n or t.shape[1] == 0:
-                raise ValueError(
-                    f"an (N, K) target must have N = {n} rows (one per input) and K >= 1 columns; got {tuple(t.shape)}"
-                )
-            idx = t.long()
-        else:
-            raise ValueError(f"target must be 0-, 1- or 2-D (N, K); got shape {tuple(t.shape)}")
+        return _checked(t.long(), multi=True)
+    raise ValueError(f"target must be 0-, 1- or 2-D (N, K); got shape {tuple(t.shape)}")
+
+
+def _checked(idx: Tensor, multi: bool) -> TargetPlan:
     if (idx < 0).any():
         raise ValueError(f"target classes must be >= 0; got {idx.min().item()} (negative indices are not wrapped)")
-    return idx
+    return TargetPlan(idx, None, multi)
 
 
 def resolve_targets(target: object, output: Any, n: int) -> Targets:
-    """Turn a checked spec and the model output into the (N, K) scores to differentiate."""
-    spec = target if isinstance(target, Tensor) or target is None or callable(target) else check_target(target, n)
-    multi = isinstance(target, Tensor) and target.dim() == 2 or _is_nested(target)
-    if callable(spec) and not isinstance(spec, Tensor):
-        return _callable_scores(spec, output, n)
+    """Turn a target spec (or a checked `TargetPlan`) and the model output into the (N, K) scores to differentiate."""
+    plan = check_target(target, n)
+    if plan.fn is not None:
+        return _callable_scores(plan.fn, output, n)
     if not isinstance(output, Tensor) or output.dim() != 2:
         got = type(output).__name__ if not isinstance(output, Tensor) else f"a tensor of shape {tuple(output.shape)}"
         raise ValueError(
@@ -97,11 +110,10 @@ def resolve_targets(target: object, output: Any, n: int) -> Targets:
     if output.shape[0] != n:
         raise ValueError(f"model output has {output.shape[0]} rows for {n} inputs; the batch axis must be kept")
     classes = output.shape[1]
-    if spec is None:
+    if plan.indices is None:
         idx = output.detach().argmax(dim=1, keepdim=True)
     else:
-        idx = check_target(spec, n)
-        assert isinstance(idx, Tensor)
+        idx = plan.indices
         if (idx >= classes).any():
             bad = idx[idx >= classes].unique().tolist()
             raise ValueError(
@@ -109,17 +121,7 @@ def resolve_targets(target: object, output: Any, n: int) -> Targets:
                 f"(valid targets are 0..{classes - 1})"
             )
         idx = idx.to(output.device)
-    return Targets(scores=output.gather(1, idx), indices=idx, multi=bool(multi))
-
-
-def _is_nested(target: object) -> bool:
-    return (
-        isinstance(target, Sequence)
-        and not isinstance(target, str)
-        and len(target) > 0
-        and isinstance(target[0], Sequence | Tensor)
-        and not isinstance(target[0], str)
-    )
+    return Targets(scores=output.gather(1, idx), indices=idx, multi=plan.multi)
 
 
 def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Targets:
@@ -139,9 +141,7 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
     return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
 
 
-def batched_grad(
-    scores: Tensor, inputs: Sequence[Tensor], *, strategy: BackwardStrategy = "auto"
-) -> list[Tensor]:
+def batched_grad(scores: Tensor, inputs: Sequence[Tensor], *, strategy: BackwardStrategy = "auto") -> list[Tensor]:
     """Gradients of each column of `scores` (N, K) w.r.t. each of `inputs`, as (N, K, *input.shape[1:]) tensors.
 
     Inputs of the N samples must be independent (no batch statistics: the model is in eval mode), so the gradient of

@@ -1,0 +1,40 @@
+"""hookviz: interpretability for PyTorch, built on hooks.
+
+One `HookManager` owns every hook the library places on a model; attribution methods (Saliency, Guided
+Backpropagation, Grad-CAM) are built on it and return raw tensors (`attribute`) or `Explanation` objects that
+show themselves in Jupyter (`visualize`).
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .explanation import Explanation
+from .hooks import HookError, HookManager, hook_counts, select_modules
+from .inputs import IMAGENET, Batch, Preset, load_images
+from .methods import METHODS, Attribution, GradCAM, GuidedBackprop, Saliency, get_method
+from .targets import Targets, batched_grad
+
+try:
+    __version__ = version("hookviz")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "IMAGENET",
+    "METHODS",
+    "Attribution",
+    "Batch",
+    "Explanation",
+    "GradCAM",
+    "GuidedBackprop",
+    "HookError",
+    "HookManager",
+    "Preset",
+    "Saliency",
+    "Targets",
+    "batched_grad",
+    "get_method",
+    "hook_counts",
+    "load_images",
+    "select_modules",
+    "__version__",
+]

@@ -1,0 +1,177 @@
+"""The life cycle every attribution method shares (template method).
+
+``attribute(x, target)``: check the target spec and the input -> prepare the model (eval mode, parameters frozen,
+grad enabled even under ``torch.no_grad()``, hooks placed through one `HookManager`) -> one forward pass -> the
+(N, K) target scores -> one batched backward pass -> restore the model exactly as it was, in a ``finally``.
+Subclasses implement `_run` (and usually only a one-line rule inside it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..hooks import HookManager
+from ..inputs import check_channels, expected_channels, load_images, model_device
+from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
+
+if TYPE_CHECKING:
+    from ..explanation import Explanation
+
+METHODS: dict[str, type[Attribution]] = {}
+
+
+def register(name: str) -> Callable[[type[Attribution]], type[Attribution]]:
+    """Class decorator: make a method available by `name` (CLI ``--method``, `get_method`)."""
+
+    def deco(cls: type[Attribution]) -> type[Attribution]:
+        METHODS[name] = cls
+        cls.key = name
+        return cls
+
+    return deco
+
+
+def get_method(name: str) -> type[Attribution]:
+    """The attribution class registered under `name` (e.g. ``"guided-backprop"``, ``"gradcam"``)."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}") from None
+
+
+class Attribution:
+    """Base class of attribution methods: owns the model preparation and restoration.
+
+    Args:
+        model: any `nn.Module`; it is left exactly as it was after every call (hooks, ``training`` flags,
+            ``requires_grad`` flags, parameter and buffer values, existing ``.grad`` tensors).
+        eval_mode: put the model in eval mode during the call (default). With ``False`` the modules keep their
+            modes; buffers changed by the forward pass (BatchNorm running statistics) are restored afterwards,
+            but samples are no longer independent under batch statistics.
+        backward: how K targets per input are batched: ``"auto"`` (one vectorized backward pass, falling back to
+            a loop over K), ``"vmap"`` or ``"loop"``.
+    """
+
+    key: ClassVar[str] = ""
+    display_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, model: nn.Module, *, eval_mode: bool = True, backward: BackwardStrategy = "auto") -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if backward not in ("auto", "vmap", "loop"):
+            raise ValueError(f"backward must be 'auto', 'vmap' or 'loop', got {backward!r}")
+        self.model = model
+        self.eval_mode = bool(eval_mode)
+        self.backward = backward
+
+    # -- public API ---------------------------------------------------------------------------------------------
+    def attribute(self, inputs: Tensor, target: TargetSpec = None) -> Tensor:
+        """Raw attribution for a batch `inputs` (N, ...); see the subclass for the result's shape.
+
+        With an (N, K) `target` the result gains a K axis after N.
+        """
+        return self._explain(self._check_inputs(inputs), target)[0]
+
+    def visualize(
+        self,
+        images: Any,
+        target: TargetSpec = None,
+        *,
+        preprocess: Any = "imagenet",
+        labels: Sequence[str] | None = None,
+    ) -> Explanation:
+        """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
+
+        Non-tensor images go through `preprocess` (default: the ImageNet preset; any callable such as a
+        torchvision weights' ``transforms()``); tensors are used as given. The `Explanation` shows itself in Jupyter.
+        """
+        from ..explanation import Explanation
+
+        batch = load_images(
+            images,
+            preprocess=preprocess,
+            device=model_device(self.model),
+            channels=expected_channels(self.model) or 3,
+        )
+        attribution, targets = self._explain(self._check_inputs(batch.tensor), target)
+        return Explanation(
+            attribution=attribution.detach(),
+            images=batch.images,
+            inputs=batch.tensor,
+            targets=targets.indices,
+            scores=targets.scores.detach(),
+            method=type(self).__name__,
+            multi_target=targets.multi,
+            labels=labels,
+            display=dict(self.display_defaults),
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__})"
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+    def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:
+        spec = check_target(target, x.shape[0])
+        with self._prepared() as hooks:
+            attribution, targets = self._run(x, spec, hooks, **kwargs)
+        if not targets.multi:
+            attribution = attribution.squeeze(1)
+        return attribution, targets
+
+    def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
+        """One forward and one batched backward; returns the attribution with a K axis, (N, K, ...)."""
+        raise NotImplementedError
+
+    def _check_inputs(self, x: Any) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"attribute() takes a batch tensor (N, ...), got {type(x).__name__}; use visualize() for paths, PIL "
+                "images and numpy arrays, or hookviz.load_images(...).tensor"
+            )
+        if x.dim() < 2:
+            raise ValueError(f"inputs need a batch axis first, (N, ...); got shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"inputs must be a floating-point tensor, got {x.dtype}; convert with x.float() / 255")
+        if x.shape[0] == 0:
+            raise ValueError("inputs hold an empty batch (N = 0)")
+        if x.dim() == 4:
+            check_channels(self.model, x)
+        return x.to(model_device(self.model))
+
+    @contextmanager
+    def _prepared(self) -> Iterator[HookManager]:
+        """Snapshot the model, prepare it for one explanation, and restore it in ``finally``."""
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError(
+                "hookviz methods need autograd, which torch.inference_mode() switches off; call them outside "
+                "inference_mode (torch.no_grad() is fine)"
+            )
+        model = self.model
+        modes = [(m, m.training) for m in model.modules()]
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
+        buffers = (
+            [(b, b.detach().clone()) for b in model.buffers()]
+            if not self.eval_mode and any(t for _, t in modes)
+            else []
+        )
+        try:
+            if self.eval_mode:
+                model.eval()
+            for p, _ in flags:
+                p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
+            with torch.enable_grad(), HookManager(model) as hooks:
+                yield hooks
+        finally:
+            for m, training in modes:
+                m.training = training
+            for p, requires_grad in flags:
+                p.requires_grad_(requires_grad)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)

@@ -1,0 +1,100 @@
+"""Every method leaves the model exactly as it entered: hooks, modes, requires_grad, values, .grad; also on error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torchvision import models
+
+import hookviz as hv
+from hookviz import hook_counts
+
+# every registered method, so a new method is covered without editing this file
+BUILDERS = {name: (lambda m, cls=cls: cls(m)) for name, cls in hv.METHODS.items()}
+
+
+def snapshot(model: nn.Module) -> dict:
+    return {
+        "hooks": hook_counts(model),
+        "training": [(n, m.training) for n, m in model.named_modules()],
+        "requires_grad": [(n, p.requires_grad) for n, p in model.named_parameters()],
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "grad_ids": [(n, id(p.grad)) for n, p in model.named_parameters()],
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        "inplace": [(n, m.inplace) for n, m in model.named_modules() if hasattr(m, "inplace")],
+    }
+
+
+def assert_same(before: dict, model: nn.Module) -> None:
+    after = snapshot(model)
+    assert after["hooks"] == before["hooks"]
+    assert after["training"] == before["training"]
+    assert after["requires_grad"] == before["requires_grad"]
+    assert after["grad_ids"] == before["grad_ids"]
+    assert after["inplace"] == before["inplace"]
+    assert before["state"].keys() == after["state"].keys()
+    for k, v in before["state"].items():
+        assert torch.equal(v, after["state"][k]), k  # bit for bit
+    for k, v in before["grads"].items():
+        assert torch.equal(v, after["grads"][k]), k
+
+
+def mid_training_resnet() -> nn.Module:
+    """A resnet18 in the middle of a training step: train mode, some frozen parameters, gradients accumulated."""
+    torch.manual_seed(0)
+    model = models.resnet18(weights=None, num_classes=10)
+    model.train()
+    model.layer1.requires_grad_(False)
+    x = torch.randn(4, 3, 32, 32)
+    model(x).sum().backward()
+    model.layer2.eval()  # mixed modes must come back mixed
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_model_restored_after_call(name: str) -> None:
+    model = mid_training_resnet()
+    before = snapshot(model)
+    out = BUILDERS[name](model).attribute(torch.randn(2, 3, 32, 32), target=[1, 2])
+    assert out.shape[0] == 2 and torch.isfinite(out).all()
+    assert_same(before, model)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize(
+    "target",
+    [10, lambda out: out.sum(), lambda out: (_ for _ in ()).throw(KeyError("boom"))],
+    ids=["range", "shape", "raises"],
+)
+def test_model_restored_after_error(name: str, target) -> None:
+    model = mid_training_resnet()
+    before = snapshot(model)
+    with pytest.raises((ValueError, RuntimeError)):
+        BUILDERS[name](model).attribute(torch.randn(2, 3, 32, 32), target=target)
+    assert_same(before, model)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_model_restored_after_error_inside_forward(name: str) -> None:
+    model = mid_training_resnet()
+    before = snapshot(model)
+
+    def boom(module, args, out):
+        raise ZeroDivisionError("boom in the user's own hook")
+
+    handle = model.layer3.register_forward_hook(boom)
+    try:
+        with pytest.raises(ZeroDivisionError, match="boom"):
+            BUILDERS[name](model).attribute(torch.randn(2, 3, 32, 32), target=[1, 2])
+    finally:
+        handle.remove()
+    assert_same(before, model)
+
+
+def test_train_mode_option_restores_batchnorm_statistics() -> None:
+    model = mid_training_resnet()
+    before = snapshot(model)
+    cam = hv.GradCAM(model, layer="layer3", eval_mode=False)
+    cam.attribute(torch.randn(2, 3, 32, 32), target=[0, 1])
+    assert_same(before, model)
