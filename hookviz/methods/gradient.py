@@ -38,4 +38,4 @@ class Saliency(InputGradientAttribution):
         grads = hookviz.Saliency(model).attribute(x, target=281)
     """
 
-    display_defaults = {"reduce": "max-abs", "mode": "minmax", "cmap": "gray"}
+    display_defaults = {"reduce": "max-abs", "mode": "minmax", "cmap": "gray", "overlay": False}

@@ -31,7 +31,7 @@ class GuidedBackprop(InputGradientAttribution):
         GuidedBackprop(model).visualize("cat.png")   # shows itself in Jupyter
     """
 
-    display_defaults = {"reduce": None, "mode": "seed"}
+    display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
 
     def __init__(self, model: nn.Module, **kwargs: object) -> None:
         super().__init__(model, **kwargs)  # type: ignore[arg-type]
