@@ -61,6 +61,7 @@ class Explanation:
     - ``scores``: ``(N, K)`` float target scores (K is 1 unless ``multi_target``).
     - ``display``: the method's display defaults, keys among ``reduce``, ``mode``, ``cmap``, ``overlay`` (bool:
       whether `figure` shows the overlay column).
+    - ``coverage``: for ReLU-rule methods (Guided Backprop, Deconvnet), which ReLU calls were overridden.
 
     Example::
 
@@ -78,6 +79,7 @@ class Explanation:
     multi_target: bool = False
     labels: Sequence[str] | None = None
     display: dict = field(default_factory=dict)
+    coverage: Any = None  # ReLU-rule methods: the ReLUCoverage of the forward pass (what was overridden)
 
     def __post_init__(self) -> None:
         # everything checked up front, so a bad result fails here and not halfway through drawing a figure
@@ -311,7 +313,8 @@ class Explanation:
             targets = str(self.targets.detach().cpu().tolist())
         else:
             targets = f"<{'x'.join(map(str, self.targets.shape))} tensor>"
+        relu = "" if self.coverage is None else f", relu={self.coverage.overridden}/{self.coverage.calls}"
         return (
             f"Explanation(method={self.method!r}, N={len(self)}{k}, "
-            f"attribution={_shape(self.attribution)}, targets={targets})"
+            f"attribution={_shape(self.attribution)}, targets={targets}{relu})"
         )

@@ -261,8 +261,8 @@ def test_class_target_on_non_classifier_output() -> None:
 
 
 def test_guided_backprop_requires_relu() -> None:
-    with pytest.raises(ValueError, match="has no nn.ReLU module: the result would silently be the plain gradient"):
-        GuidedBackprop(nn.Sequential(nn.Linear(3, 2), nn.Tanh()))
+    with pytest.raises(ValueError, match="no ReLU ran in the forward pass of Sequential: the result would silently be"):
+        GuidedBackprop(nn.Sequential(nn.Linear(3, 2), nn.Tanh())).attribute(torch.ones(1, 3))
 
 
 def test_gradcam_layer_errors() -> None:
@@ -333,5 +333,5 @@ def test_caller_tensor_untouched() -> None:
 def test_registry() -> None:
     assert hv.get_method("guided-backprop") is GuidedBackprop
     assert hv.get_method("gradcam") is GradCAM
-    with pytest.raises(ValueError, match="unknown method 'gradkam'; available: gradcam, guided-backprop, saliency"):
+    with pytest.raises(ValueError, match=r"unknown method 'gradkam'; available: .*\bgradcam, .*guided-backprop, .*saliency"):
         hv.get_method("gradkam")

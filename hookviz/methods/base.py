@@ -109,6 +109,7 @@ class Attribution:
             multi_target=targets.multi,
             labels=labels,
             display=dict(self.display_defaults),
+            coverage=getattr(self, "coverage", None),
         )
 
     def __repr__(self) -> str:
