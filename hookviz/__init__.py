@@ -1,8 +1,8 @@
 """hookviz: interpretability for PyTorch, built on hooks.
 
 One `HookManager` owns every hook the library places on a model; attribution methods (Saliency, Guided
-Backpropagation, Grad-CAM) are built on it and return raw tensors (`attribute`) or `Explanation` objects that
-show themselves in Jupyter (`visualize`).
+Backpropagation, Deconvnet, Integrated Gradients, SmoothGrad, the Grad-CAM family) are built on it and return raw
+tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (`visualize`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -10,7 +10,25 @@ from importlib.metadata import PackageNotFoundError, version
 from .explanation import Explanation
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
-from .methods import METHODS, Attribution, GradCAM, GuidedBackprop, Saliency, get_method
+from .methods import (
+    METHODS,
+    Attribution,
+    Deconvnet,
+    GradCAM,
+    GradCAMPlusPlus,
+    GuidedBackprop,
+    GuidedGradCAM,
+    HiResCAM,
+    InputXGradient,
+    IntegratedGradients,
+    LayerCAM,
+    ReLUCoverage,
+    Saliency,
+    ScoreCAM,
+    SmoothGrad,
+    XGradCAM,
+    get_method,
+)
 from .targets import Targets, batched_grad
 
 try:
@@ -24,13 +42,24 @@ __all__ = [
     "Attribution",
     "Batch",
     "Explanation",
+    "Deconvnet",
     "GradCAM",
+    "GradCAMPlusPlus",
     "GuidedBackprop",
+    "GuidedGradCAM",
+    "HiResCAM",
+    "InputXGradient",
+    "IntegratedGradients",
+    "LayerCAM",
+    "ReLUCoverage",
     "HookError",
     "HookManager",
     "Preset",
     "Saliency",
+    "ScoreCAM",
+    "SmoothGrad",
     "Targets",
+    "XGradCAM",
     "batched_grad",
     "get_method",
     "hook_counts",

@@ -53,6 +53,7 @@ def mid_training_resnet() -> nn.Module:
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.filterwarnings("ignore:IntegratedGradients. attributions:UserWarning")  # 50 steps: a legitimate warning
 def test_model_restored_after_call(name: str) -> None:
     model = mid_training_resnet()
     before = snapshot(model)

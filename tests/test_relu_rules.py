@@ -10,6 +10,7 @@ from torchvision import models
 from torchvision.models.densenet import DenseNet
 from torchvision.models.inception import BasicConv2d
 
+import hookviz as hv
 from hookviz import hook_counts
 from hookviz.methods.guided import Deconvnet, GuidedBackprop, ReLUCoverage
 
@@ -227,3 +228,16 @@ def test_densenet121_full_coverage() -> None:
     gb.attribute(image_batch(n=1, size=32), target=0)
     assert gb.coverage.overridden == gb.coverage.calls == 121
     assert gb.coverage.by_kind == {"module": 120, "functional": 1}
+
+
+@pytest.mark.parametrize("cls", [GuidedBackprop, Deconvnet, hv.Saliency])
+def test_autocast_bf16_gives_float32_close_to_float32(cls) -> None:
+    model = make("resnet18")
+    x = image_batch(n=2)
+    ref = cls(model).attribute(x, target=[1, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cls(model).attribute(x, target=[1, 2])
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    # bf16 keeps 8 bits of mantissa: the maps agree in direction, not to float32 rounding
+    cosine = F.cosine_similarity(got.flatten(1), ref.flatten(1)).min()
+    assert cosine > 0.95

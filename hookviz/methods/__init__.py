@@ -1,18 +1,40 @@
 """Attribution methods, one file per family, all over the life cycle in `base`."""
 
 from .base import METHODS, Attribution, get_method, register
-from .cam import CAMAttribution, GradCAM, choose_layer
-from .gradient import InputGradientAttribution, Saliency
-from .guided import GuidedBackprop
+from .cam import (
+    CAMAttribution,
+    GradCAM,
+    GradCAMPlusPlus,
+    GuidedGradCAM,
+    HiResCAM,
+    LayerCAM,
+    ScoreCAM,
+    XGradCAM,
+    choose_layer,
+)
+from .gradient import InputGradientAttribution, InputXGradient, IntegratedGradients, Saliency, SmoothGrad
+from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
 
 __all__ = [
     "METHODS",
     "Attribution",
     "CAMAttribution",
+    "Deconvnet",
     "GradCAM",
+    "GradCAMPlusPlus",
     "GuidedBackprop",
+    "GuidedGradCAM",
+    "HiResCAM",
     "InputGradientAttribution",
+    "InputXGradient",
+    "IntegratedGradients",
+    "LayerCAM",
+    "ReLUCoverage",
+    "ReLURuleAttribution",
     "Saliency",
+    "ScoreCAM",
+    "SmoothGrad",
+    "XGradCAM",
     "choose_layer",
     "get_method",
     "register",
