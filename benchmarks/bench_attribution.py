@@ -17,10 +17,11 @@ LayerGradCam(relu_attributions=True), Saliency / Saliency(abs=False). captum get
 every in-place ReLU switched off (its module backward hooks need that); hookviz and the floor use the model as built.
 
 The floor is a plain ``model(x)`` forward plus ``torch.autograd.grad`` of the summed target scores w.r.t. the input,
-with no hooks. Every row is warmed up, then the rows of one comparison group are timed round-robin (so drift hits
-them alike) with ``time.perf_counter``, synchronizing the device before each clock read; the median of the repeats
-is reported with min and max. Peak memory (``torch.cuda.max_memory_allocated`` above the allocation before the
-call) is measured on cuda only. Before timing, the outputs of the schemes compared are checked against each other.
+with no hooks, timed in every comparison group. Every row is warmed up, then the rows of one group are timed
+round-robin (so drift hits them alike) with ``time.perf_counter``, synchronizing the device before each clock read;
+the median of the repeats is reported with min and max. Peak memory (``torch.cuda.max_memory_allocated`` above the
+allocation before the call) is measured on cuda only. Before timing, the outputs compared are checked against each
+other.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,11 +55,15 @@ try:
 except ImportError:  # section 2 is skipped without captum
     captum = None
 
+# captum warns on every call that it set requires_grad on the input and placed ReLU backward hooks
+warnings.filterwarnings("ignore", category=UserWarning, module=r"captum\.")
+
 SEED = 0
 SIZE = 64
 K_VALUES = (1, 4, 16)
 N_TARGETS = 4
 N_CAPTUM = 8
+FLOOR = "floor (K=1)"
 CAM_LAYERS = {"resnet18": "layer4", "vgg11": "features.19"}  # features.19: the last ReLU of vgg11.features
 
 
@@ -109,6 +116,35 @@ def run_group(rows: dict[str, Callable[[], Any]], device: torch.device, warmup: 
             "peak_mib": peak_mib(fn, device),
         }
     return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def git_state() -> dict[str, Any]:
+    """Commit of the checkout and the hookviz files changed since (the package is measured as it is on disk)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = [line.split(maxsplit=1)[-1] for line in git("status", "--porcelain", "--", "hookviz").splitlines()]
+    return {"commit": git("rev-parse", "--short", "HEAD") or None, "hookviz_uncommitted": changed}
+
+
+def loadavg() -> str:
+    """The 1-minute load average: above the torch thread count, other processes share the cores and timings swell."""
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "n/a"
 
 
 def max_diff(a: Tensor, b: Tensor) -> float:
@@ -180,44 +216,31 @@ def section_k(device: torch.device, warmup: int, repeats: int, ks: tuple[int, ..
         "GradCAM": lambda **kw: hv.GradCAM(model, layer="layer4", **kw),
     }
     rows: list[dict] = []
-    floor_t = class_targets(N_TARGETS, 1, device)[:, 0]
-    res = run_group({"floor": floor_fn(model, x, floor_t)}, device, warmup, repeats)["floor"]
-    rows.append(
-        {
-            "section": "k_targets",
-            "model": "resnet18",
-            "method": "floor",
-            "scheme": "forward+grad",
-            "K": 1,
-            "N": N_TARGETS,
-            **res,
-        }
-    )
-    floor_ms = res["median_ms"]
-    print(f"  floor (resnet18, N={N_TARGETS}, K=1): {floor_ms:.1f} ms", flush=True)
+    floor = floor_fn(model, x, class_targets(N_TARGETS, 1, device)[:, 0])
     for method, make in makers.items():
         for k in ks:
             t = class_targets(N_TARGETS, k, device)
             schemes = k_schemes(make, x, t)
             ref = schemes["loop"]()
             checks = {name: max_diff(fn(), ref) for name, fn in schemes.items()}
-            res = run_group(schemes, device, warmup, repeats)
-            best = min(r["median_ms"] for r in res.values())
+            # the floor is timed in every group, round-robin with the schemes, so ratios share the machine's state
+            res = run_group({FLOOR: floor, **schemes}, device, warmup, repeats)
+            floor_ms = res[FLOOR]["median_ms"]
+            best = min(r["median_ms"] for name, r in res.items() if name != FLOOR)
             for name, r in res.items():
-                rows.append(
-                    {
-                        "section": "k_targets",
-                        "model": "resnet18",
-                        "method": method,
-                        "scheme": name,
-                        "K": k,
-                        "N": N_TARGETS,
-                        **r,
-                        "x_floor": r["median_ms"] / floor_ms,
-                        "x_best": r["median_ms"] / best,
-                        "max_abs_diff_vs_loop": checks[name],
-                    }
-                )
+                row = {
+                    "section": "k_targets",
+                    "model": "resnet18",
+                    "method": method,
+                    "scheme": name,
+                    "K": k,
+                    "N": N_TARGETS,
+                    **r,
+                    "x_floor": r["median_ms"] / floor_ms,
+                }
+                if name != FLOOR:
+                    row.update(x_best=r["median_ms"] / best, max_abs_diff_vs_loop=checks[name])
+                rows.append(row)
             summary = ", ".join(f"{name} {r['median_ms']:.1f}" for name, r in res.items())
             print(f"  {method} K={k}: {summary} ms", flush=True)
     return rows
@@ -287,29 +310,31 @@ def fmt_mem(r: dict) -> str:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
+    dirty = meta["hookviz_uncommitted"]
     lines = [
         f"Device: {meta['device_name']}; torch {meta['torch']}, torchvision {meta['torchvision']}, "
         f"captum {meta['captum']}; {meta['cpu_count']} CPUs, {meta['torch_threads']} torch threads; "
-        f"median of {meta['repeats']} repeats after {meta['warmup']} warm-up calls; times in ms.",
+        f"median of {meta['repeats']} repeats after {meta['warmup']} warm-up calls per row; times in ms; "
+        f"load average {meta['loadavg_start']} at the start, {meta['loadavg_end']} at the end; hookviz at "
+        f"{meta['commit']}{' with uncommitted changes to ' + ', '.join(dirty) if dirty else ''}.",
         "",
     ]
     k_rows = [r for r in rows if r["section"] == "k_targets"]
     if k_rows:
-        floor = next(r for r in k_rows if r["method"] == "floor")
         lines += [
-            f"**K targets per input** (resnet18, N={floor['N']}, {SIZE}x{SIZE}). Floor (plain forward + input "
-            f"gradient, K=1): {floor['median_ms']:.1f} ms (min {floor['min_ms']:.1f}, max {floor['max_ms']:.1f}).",
+            f"**K targets per input** (resnet18, N={k_rows[0]['N']}, {SIZE}x{SIZE}). The floor (a plain forward + "
+            "input gradient of one score per input, K=1, no hooks) is timed in every group, round-robin with the "
+            "schemes; × floor is against that group's floor.",
             "",
             "| method | K | scheme | median | min | max | × floor | ms / target | × fastest at this K | peak MiB |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in k_rows:
-            if r["method"] == "floor":
-                continue
+            fastest = "" if r["scheme"] == FLOOR else f"{r['x_best']:.2f}"
+            per_target = "" if r["scheme"] == FLOOR else f"{r['median_ms'] / r['K']:.1f}"
             lines.append(
                 f"| {r['method']} | {r['K']} | {r['scheme']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
-                f"{r['max_ms']:.1f} | {r['x_floor']:.2f} | {r['median_ms'] / r['K']:.1f} | {r['x_best']:.2f} | "
-                f"{fmt_mem(r)} |"
+                f"{r['max_ms']:.1f} | {r['x_floor']:.2f} | {per_target} | {fastest} | {fmt_mem(r)} |"
             )
         lines.append("")
     c_rows = [r for r in rows if r["section"] == "captum"]
@@ -347,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per row (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per row first (default 2)")
     parser.add_argument("--ks", type=int, nargs="+", default=list(K_VALUES), help="K values of section 1")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--skip-captum", action="store_true", help="skip section 2")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/DEVICE.json)")
     args = parser.parse_args(argv)
@@ -355,19 +381,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda but torch.cuda.is_available() is False")
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     out = args.out or Path(__file__).parent / "results" / f"{device.type}.json"
 
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "captum": getattr(captum, "__version__", None),
         "hookviz": hv.__version__,
+        **git_state(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "repeats": args.repeats,
@@ -375,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         "image_size": SIZE,
         "seed": SEED,
     }
+    meta["loadavg_start"] = loadavg()
     start = time.perf_counter()
     print(f"section 1: K targets per input (device {device})", flush=True)
     rows = section_k(device, args.warmup, args.repeats, tuple(args.ks))
@@ -383,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += section_captum(device, args.warmup, args.repeats)
     elif not args.skip_captum:
         print("section 2 skipped: captum is not installed", flush=True)
+    meta["loadavg_end"] = loadavg()
     meta["total_s"] = round(time.perf_counter() - start, 1)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -391,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(table)
     print()
     print(table)
+    noisy = [r for r in rows if r["max_ms"] > 2 * r["min_ms"]]
+    if noisy:
+        print(
+            f"warning: {len(noisy)} row(s) have max > 2 x min (another process shared the cores?); the medians may "
+            "be off, rerun on a quiet machine or with --threads 1",
+            file=sys.stderr,
+        )
     print(f"wrote {out} and {out.with_suffix('.md')} ({meta['total_s']} s)")
     return 0
 
