@@ -16,6 +16,7 @@ from hookviz.methods.guided import Deconvnet, GuidedBackprop, ReLUCoverage
 
 captum_attr = pytest.importorskip("captum.attr")
 
+from reference import relu_rules as ref  # noqa: E402
 from test_hooks import SeedNet  # noqa: E402
 from test_methods import image_batch, make, rel_l2  # noqa: E402
 
@@ -241,3 +242,26 @@ def test_autocast_bf16_gives_float32_close_to_float32(cls) -> None:
     # bf16 keeps 8 bits of mantissa: the maps agree in direction, not to float32 rounding
     cosine = F.cosine_similarity(got.flatten(1), ref.flatten(1)).min()
     assert cosine > 0.95
+
+
+@pytest.mark.parametrize(
+    ("cls", "reference"),
+    [(GuidedBackprop, ref.guided_backprop), (Deconvnet, ref.deconvnet), (hv.Saliency, ref.saliency)],
+)
+@pytest.mark.parametrize("functional", [False, True])
+def test_against_float64_reference(cls, reference, functional: bool) -> None:
+    x = image_batch(n=3, size=16)
+    targets = torch.tensor([0, 3, 1])
+    ours = cls(Net(functional=functional)).attribute(x, target=targets)
+    # the reference swaps ReLU modules, so it always runs on the module twin (same weights)
+    expected = reference(Net(functional=False), x, targets)
+    assert rel_l2(ours.double(), expected) < 1e-5
+
+
+@pytest.mark.parametrize(("cls", "reference"), [(GuidedBackprop, ref.guided_backprop), (Deconvnet, ref.deconvnet)])
+def test_against_float64_reference_resnet(cls, reference) -> None:
+    torch.manual_seed(0)
+    model = models.resnet18(weights=None, num_classes=10).eval()  # in-place ReLUs, each run twice per block
+    x = image_batch(n=2, size=32)
+    ours = cls(model).attribute(x, target=[2, 9])
+    assert rel_l2(ours.double(), reference(model, x, torch.tensor([2, 9]))) < 1e-4

@@ -4,18 +4,15 @@ positions. Only for tests: nothing here is fast, and nothing is shared with `hoo
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .relu_rules import double_copy, guided_backprop
+
 Fold = Callable[[Tensor], Tensor]
-
-
-def double_copy(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model).double().eval()
 
 
 def acts_and_grads(
@@ -137,38 +134,8 @@ def scorecam(
     return _cam(a, lambda n, k: weights[n, k].item())
 
 
-class _GuidedReLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
-        return x.clamp(min=0)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        return grad.clamp(min=0) * (x > 0).to(grad.dtype)
-
-
-class GuidedReLU(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return _GuidedReLU.apply(x)
-
-
-def guided_backprop(model: nn.Module, x: Tensor, target: Tensor) -> Tensor:
-    """Springenberg et al. (2015) on a float64 copy whose ReLU modules are swapped for the guided rule."""
-    m = double_copy(model)
-    for parent in list(m.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, nn.ReLU):
-                setattr(parent, name, GuidedReLU())
-    xd = x.double().requires_grad_(True)
-    y = m(xd)
-    (g,) = torch.autograd.grad(y[torch.arange(x.shape[0]), target].sum(), xd)
-    return g
-
-
 def guided_gradcam(model: nn.Module, layer: str, x: Tensor, target: Tensor) -> Tensor:
     """Selvaraju et al. (2017): guided backprop times the Grad-CAM map, upsampled bilinearly to the input size."""
     a, g = acts_and_grads(model, layer, x, target)
     cam = F.interpolate(gradcam(a, g), size=x.shape[-2:], mode="bilinear", align_corners=False)
-    return guided_backprop(model, x, target) * cam
+    return guided_backprop(model, x, target).to(cam.dtype) * cam

@@ -7,49 +7,22 @@ nothing can be mixed up between rows. They share no code with `hookviz.methods.g
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from .relu_rules import double_copy as double_copy  # re-exported: the tests use ref.double_copy
+from .relu_rules import rule_copy
+
 # attr_fn(model, x, cls): the attribution of class `cls` for one input x of shape (1, ...), in float64
 AttrFn = Callable[[nn.Module, Tensor, int], Tensor]
 
 
-def double_copy(model: nn.Module) -> nn.Module:
-    """A float64 eval-mode copy; the caller's model is untouched."""
-    return copy.deepcopy(model).double().eval()
-
-
-class _GuidedReLUFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
-        return x.clamp(min=0)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        return grad.clamp(min=0) * (x > 0).to(grad.dtype)
-
-
-class GuidedReLU(nn.Module):
-    """ReLU whose backward is Springenberg et al.'s guided rule, written as its own autograd function."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return _GuidedReLUFn.apply(x)
-
-
 def guided_copy(model: nn.Module) -> nn.Module:
-    """`double_copy` with every nn.ReLU module replaced by `GuidedReLU` (functional relus are not covered)."""
-    model = double_copy(model)
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.ReLU):
-                setattr(module, child_name, GuidedReLU())
-    return model
+    """A float64 copy with every nn.ReLU module replaced by the guided rule (functional relus are not covered)."""
+    return rule_copy(model, "guided")
 
 
 def gradient(model: nn.Module, x: Tensor, cls: int) -> Tensor:
