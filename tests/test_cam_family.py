@@ -23,6 +23,8 @@ from hookviz.methods.cam import (
 
 captum_attr = pytest.importorskip("captum.attr")
 
+from test_methods import FlatHead  # noqa: E402
+
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12)).item()
@@ -82,23 +84,6 @@ ALL_CAMS = [GradCAM, GradCAMPlusPlus, LayerCAM, XGradCAM, HiResCAM, ScoreCAM]
 
 
 # -- hand-computed values ------------------------------------------------------------------------------------------
-class FlatHead(nn.Module):
-    """x -> act (Identity, the CAM layer) -> flatten -> linear: dy/dA is the linear weight, known by hand.
-
-    Class 0: g = [[[1, 2], [3, 4]], [[-1, -1], [-1, -1]]]; class 1: g = [[[0, 0], [0, 0]], [[1, 1], [1, 1]]].
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.act = nn.Identity()
-        self.fc = nn.Linear(8, 2, bias=False)
-        with torch.no_grad():
-            self.fc.weight.copy_(torch.tensor([[1.0, 2, 3, 4, -1, -1, -1, -1], [0, 0, 0, 0, 1, 1, 1, 1]]))
-
-    def forward(self, x):
-        return self.fc(self.act(x).flatten(1))
-
-
 X_HAND = torch.tensor([[[[1.0, 2], [3, 4]], [[2.0, 0], [0, 2]]]])  # (1, 2, 2, 2): A0 sums to 10, A1 to 4
 
 

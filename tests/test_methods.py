@@ -61,7 +61,10 @@ def test_guided_backprop_hand_computed(inplace: bool) -> None:
 
 
 class FlatHead(nn.Module):
-    """x -> act (Identity, the CAM layer) -> flatten -> linear: dy/dA is the linear weight, known by hand."""
+    """x -> act (Identity, the CAM layer) -> flatten -> linear: dy/dA is the linear weight, known by hand.
+
+    Class 0: g = [[[1, 2], [3, 4]], [[-1, -1], [-1, -1]]]; class 1: g = [[[0, 0], [0, 0]], [[1, 1], [1, 1]]].
+    """
 
     def __init__(self) -> None:
         super().__init__()
