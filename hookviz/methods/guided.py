@@ -72,15 +72,20 @@ class ReLUCoverage:
             f"{self.overridden}/{self.calls} ReLU calls overridden "
             f"({self.by_kind['module']} module, {self.by_kind['functional']} functional)"
         ]
-        if self.repeated:
-            parts.append("modules run more than once: " + ", ".join(f"{n} x{c}" for n, c in self.repeated.items()))
-        if self.others_overridden:
-            parts.append(
-                "other activations overridden: " + ", ".join(f"{n} x{c}" for n, c in self.others_overridden.items())
-            )
-        if self.left_alone:
-            parts.append("left alone: " + ", ".join(f"{n} x{c}" for n, c in self.left_alone.items()))
+        for title, calls in (
+            ("modules run more than once", self.repeated),
+            ("other activations overridden", self.others_overridden),
+            ("left alone", self.left_alone),
+        ):
+            if calls:
+                parts.append(f"{title}: {_first_few(calls)}")
         return "; ".join(parts)
+
+
+def _first_few(calls: dict[str, int], shown: int = 3) -> str:
+    items = [f"{name} x{count}" for name, count in calls.items()]
+    more = f", and {len(items) - shown} more" if len(items) > shown + 1 else ""
+    return ", ".join(items if not more else items[:shown]) + more
 
 
 class _FunctionalActivations(TorchFunctionMode):
