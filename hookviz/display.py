@@ -2,7 +2,13 @@
 
 Conventions: maps are laid out ``(..., C, H, W)`` with any number of leading axes; every function here works in torch
 on the tensor's device and batch-wide. Only `to_pil` leaves torch (it is the one place that moves data to the cpu).
-Normalization is per sample, with an explicit ``eps``: a constant map gives a constant image and never NaN.
+
+Peers make different display choices, often silently: captum sums the channels and clips the largest values that
+carry 2% of the attribution *mass* (``outlier_perc=2``, not a percentile); pytorch-grad-cam min-max scales each map
+(eps 1e-7); torch-cam squares the mask before colouring; zennit divides by ``max - min`` with no epsilon, so a
+constant map becomes NaN. hookviz names every choice (`reduce_channels`, `apply_sign`, `normalize` with its ``mode``
+and ``scale``, `colormap`, `overlay`) and guards every division: a constant map gives a constant image, never NaN,
+and an `EmptyMapWarning` says which samples had nothing to show.
 """
 
 from __future__ import annotations
@@ -10,6 +16,9 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
+import sys
+import warnings
 from numbers import Real
 from typing import TYPE_CHECKING
 
@@ -21,10 +30,16 @@ if TYPE_CHECKING:
     from PIL import Image
 
 __all__ = [
+    "DEFAULT_PERCENTILE",
     "NORMALIZATIONS",
     "REDUCTIONS",
+    "SCALES",
+    "SIGNS",
+    "EmptyMapWarning",
+    "apply_sign",
     "colormap",
     "normalize",
+    "normalize_bounds",
     "overlay",
     "reduce_channels",
     "resize",
@@ -32,13 +47,27 @@ __all__ = [
     "to_uint8",
 ]
 
-NORMALIZATIONS = ("seed", "minmax", "absmax", "percentile")
+NORMALIZATIONS = ("seed", "minmax", "absmax", "percentile", "mass")
 REDUCTIONS = ("sum", "abs-sum", "max-abs", "l2")
+SIGNS = ("all", "positive", "negative", "absolute")
+SCALES = ("sample", "shared")
+# the clip point of the two clipping modes when none is given: the 99th percentile of |a| by count, and the value
+# where the sorted |a| reach 98% of the total mass, i.e. captum's default outlier_perc=2
+DEFAULT_PERCENTILE = {"percentile": 99.0, "mass": 98.0}
 
 # torch.quantile refuses inputs above 2**24 elements in many torch releases; above this we interpolate between
 # two kthvalue order statistics instead, which gives the same "linear" quantile.
 _QUANTILE_MAX_NUMEL = 2**24
 _LUT_SIZE = 256
+
+
+class EmptyMapWarning(UserWarning):
+    """A map had nothing to show: constant over all its values (often all zero), so it is drawn as a constant image.
+
+    Typical causes: a target whose gradient is zero everywhere (dead ReLUs, a saturated softmax), a Grad-CAM layer
+    whose weighted activations are all negative before the final ReLU, or ``sign="positive"`` on a map with no
+    positive value. Silence it with ``warnings.simplefilter("ignore", EmptyMapWarning)``.
+    """
 
 
 def _check_tensor(x: object, name: str) -> None:
@@ -100,28 +129,196 @@ def _linear_quantile(flat: Tensor, q: float) -> Tensor:
     return v_lo + (v_hi - v_lo) * (pos - lo)
 
 
+def apply_sign(attr: Tensor, sign: str = "all") -> Tensor:
+    """Select which sign of the attribution to show, elementwise; same shape, floating point.
+
+    - ``"all"``: the signed values, unchanged; `normalize` keeps 0 at 0.5, so pair it with a diverging colour map
+      such as ``"bwr"``;
+    - ``"positive"``: ``max(a, 0)``, the evidence for the target;
+    - ``"negative"``: ``max(-a, 0)``, the evidence against it, shown as positive magnitudes (captum divides
+      ``min(a, 0)`` by a negative threshold, which gives the same picture);
+    - ``"absolute"``: ``|a|``, how much each value matters regardless of its sign.
+
+    Every option but ``"all"`` gives non-negative data, which `normalize` maps onto the whole ``[0, 1]`` range.
+    """
+    _check_tensor(attr, "attr")
+    if sign not in SIGNS:
+        raise ValueError(f"sign must be one of {SIGNS}, got {sign!r}")
+    a = _as_float(attr)
+    if sign == "all":
+        return a
+    if sign == "positive":
+        return a.clamp_min(0.0)
+    if sign == "negative":
+        return (-a).clamp_min(0.0)
+    return a.abs()
+
+
+def _mass_threshold(flat_abs: Tensor, percentile: float) -> Tensor:
+    """captum's ``_cumulative_sum_threshold`` along the last axis, shape (..., 1).
+
+    The values are sorted ascending and summed cumulatively; the threshold is the first sorted value at which the
+    running sum reaches ``percentile``% of the total, so the values above it carry the other ``100 - percentile``%.
+    The running sum is accumulated in float64 (not on mps, which has none): a float32 sum over a whole image drifts.
+    """
+    s = flat_abs.sort(dim=-1).values
+    acc = s.to(torch.float64) if s.device.type != "mps" else s
+    cum = acc.cumsum(dim=-1)
+    target = cum[..., -1:] * 0.01 * percentile  # the same expression as captum, so the same rounding
+    # cum is non-decreasing, so "first index with cum >= target" is "how many are below target"; the clamp only
+    # guards total * 0.01 * 100 rounding above total
+    idx = (cum < target).sum(dim=-1, keepdim=True).clamp_(max=s.shape[-1] - 1)
+    return s.gather(-1, idx)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside hookviz, seen from the function that calls this one.
+
+    So a warning points at the user's line whether they called `normalize` or ``Explanation.figure``.
+    """
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_empty(a: Tensor, sample_dims: int, sign: str) -> None:
+    per = a.flatten(sample_dims)  # (*samples, M); (M,) for sample_dims=0
+    empty = per.amax(dim=-1) == per.amin(dim=-1)
+    if not empty.any():
+        return
+    zero = bool((per.abs().amax(dim=-1)[empty] == 0).all())
+    what = "all zero" if zero else "constant"
+    if sign != "all":
+        what += f" after sign={sign!r}"
+    if sample_dims == 0:
+        where = "the map is"
+    else:
+        ids = empty.nonzero().tolist()
+        ids = [i[0] for i in ids] if sample_dims == 1 else [tuple(i) for i in ids]
+        shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+        where = f"sample(s) [{shown}] of {math.prod(a.shape[:sample_dims])} are"
+    warnings.warn(
+        f"empty attribution map: {where} {what}, so there is nothing to show; drawn as a constant image",
+        EmptyMapWarning,
+        stacklevel=_caller_stacklevel(),
+    )
+
+
 def normalize(
     attr: Tensor,
     mode: str = "minmax",
     *,
     sample_dims: int = 1,
-    percentile: float = 99.0,
+    percentile: float | None = None,
     eps: float = 1e-8,
+    sign: str = "all",
+    scale: str = "sample",
 ) -> Tensor:
-    """Map each sample of ``attr`` to ``[0, 1]`` for display; same shape, floating point.
+    """Map ``attr`` to ``[0, 1]`` for display; same shape, floating point, computed in torch on ``attr``'s device.
 
-    The first ``sample_dims`` axes index samples (1 for ``(N, C, H, W)``, 2 for ``(N, K, C, H, W)``); statistics are
-    taken over all remaining axes (channels and pixels), so samples with different scales do not affect each other.
+    The first ``sample_dims`` axes index samples (1 for ``(N, C, H, W)``, 2 for ``(N, K, C, H, W)``). ``scale``:
 
-    Modes (``eps`` keeps every division finite; a constant map gives a constant image):
+    - ``"sample"`` (default): statistics over each sample's own values (channels and pixels), so samples with
+      different scales do not affect each other: every map uses the whole colour range;
+    - ``"shared"``: one set of statistics over the whole tensor (batch and targets), so colours compare across
+      samples: a map ten times weaker looks ten times weaker.
+
+    ``sign`` (`apply_sign`: ``"all"``, ``"positive"``, ``"negative"``, ``"absolute"``) is applied first. With
+    ``"all"`` the data is treated as signed and the symmetric modes keep 0 at 0.5; with the other signs the data is
+    non-negative and they map ``[0, threshold]`` onto ``[0, 1]``.
+
+    Modes (every division is guarded: a constant map gives a constant image, never NaN):
 
     - ``"seed"``: ``(a - mean) / (std + eps) * 0.1 + 0.5`` clipped to ``[0, 1]`` (population std, as the hooks
-      tutorial's Guided Backprop visualizer does with numpy); constant -> 0.5.
-    - ``"minmax"``: ``(a - min) / (max - min + eps)``; constant -> 0.
-    - ``"absmax"``: ``a / (2 * max|a| + eps) + 0.5``; keeps the sign readable: 0 -> 0.5, all-zero -> 0.5.
-    - ``"percentile"``: ``a / (q + eps)`` with ``q`` the ``percentile``-th percentile of ``|a|``, clipped to
-      ``[-1, 1]``, then ``* 0.5 + 0.5`` (0 -> 0.5); outliers above the percentile saturate instead of
-      flattening the rest of the map.
+      tutorial's Guided Backprop visualizer does with numpy); constant -> 0.5. For RGB gradient images, sign "all".
+    - ``"minmax"``: ``(a - min) / (max - min + eps)``; constant -> 0. Any sign; the usual choice for CAMs (and
+      pytorch-grad-cam's); with signed data 0 lands wherever the range puts it.
+    - ``"absmax"``: signed ``a / (2 max|a| + eps) + 0.5`` (0 -> 0.5, all-zero -> 0.5); non-negative
+      ``a / (max|a| + eps)``. One outlier flattens the rest of the map.
+    - ``"percentile"``: ``q`` = the ``percentile``-th percentile of ``|a|`` (by count, linear interpolation,
+      default 99); ``a / (q + eps)`` clipped to ``[-1, 1]`` then ``* 0.5 + 0.5`` (signed), or to ``[0, 1]``
+      (non-negative). Outliers above ``q`` saturate instead of flattening the map.
+    - ``"mass"``: captum's ``outlier_perc``: ``t`` = the value at which the running sum of the ascending sorted
+      ``|a|`` first reaches ``percentile``% of the total mass (default 98, i.e. the largest values carrying 2% of
+      the attribution are clipped); ``a / t`` clipped like ``"percentile"``. ``t`` is one of the map's own values,
+      so it is 0 only for an all-zero map, which gives 0 (0.5 signed). Best for sparse, heavy-tailed maps
+      (gradients, Integrated Gradients) with any sign.
+
+    Sign guide: ``"all"`` with absmax, percentile or mass and a diverging colour map (``"bwr"``);
+    ``"positive"``, ``"negative"`` or ``"absolute"`` with minmax, percentile or mass and a sequential one.
+
+    Raises ValueError for NaN or Inf values; warns `EmptyMapWarning` (naming the samples) for constant maps.
+    """
+    prepared = _prepare(attr, mode, sample_dims, percentile, eps, sign, scale)
+    if isinstance(prepared, Tensor):
+        return prepared  # empty tensor
+    a, percentile, out_dtype = prepared
+    _warn_empty(a, sample_dims, sign)
+    signed = sign == "all"
+    s1, s2 = _statistics(a, mode, sample_dims if scale == "sample" else 0, percentile)
+
+    def clip(ratio: Tensor) -> Tensor:
+        return ratio.clamp(-1.0, 1.0) * 0.5 + 0.5 if signed else ratio.clamp(0.0, 1.0)
+
+    if mode == "seed":
+        mean, std = s1, s2
+        out = ((a - mean) / (std + eps) * 0.1 + 0.5).clamp(0.0, 1.0)
+    elif mode == "minmax":
+        lo, hi = s1, s2
+        out = ((a - lo) / (hi - lo + eps)).clamp(0.0, 1.0)
+    elif mode == "absmax":
+        # already inside [0, 1] analytically; the clamp only guards float rounding
+        out = (a / (2 * s1 + eps) + 0.5).clamp(0.0, 1.0) if signed else (a / (s1 + eps)).clamp(0.0, 1.0)
+    elif mode == "percentile":
+        out = clip(a / (s1 + eps))
+    else:
+        out = clip(a / s1)
+    return out.to(out_dtype)
+
+
+def normalize_bounds(
+    attr: Tensor,
+    mode: str = "minmax",
+    *,
+    sample_dims: int = 1,
+    percentile: float | None = None,
+    eps: float = 1e-8,
+    sign: str = "all",
+    scale: str = "sample",
+) -> tuple[Tensor, Tensor]:
+    """The raw values ``(lo, hi)`` that `normalize` (same arguments) maps to 0 and to 1: what a colour bar shows.
+
+    Both are shaped to broadcast against ``attr`` (``(N, 1, 1, 1)`` per sample, all ones with ``scale="shared"``)
+    and are in the units of ``apply_sign(attr, sign)``; between them the mapping is linear,
+    ``normalize(attr) == clamp((a - lo) / (hi - lo), 0, 1)`` up to rounding (the ``eps`` is folded into ``hi``).
+    Per mode: seed ``mean -+ 5 (std + eps)``; minmax ``min, max + eps``; absmax ``-+(max|a| + eps / 2)`` signed,
+    ``0, max|a| + eps`` otherwise; percentile ``-+(q + eps)`` or ``0, q + eps``; mass ``-+t`` or ``0, t``.
+    Constant maps warn nothing here (`normalize` does).
+    """
+    prepared = _prepare(attr, mode, sample_dims, percentile, eps, sign, scale)
+    if isinstance(prepared, Tensor):
+        raise ValueError("attr is empty (0 elements): it has no bounds")
+    a, percentile, _ = prepared
+    s1, s2 = _statistics(a, mode, sample_dims if scale == "sample" else 0, percentile)
+    if mode == "seed":
+        half = 5 * (s2 + eps)  # 0.1 * (a - mean) / (std + eps) reaches -+0.5 here
+        return s1 - half, s1 + half
+    if mode == "minmax":
+        return s1, s2 + eps
+    half = {"absmax": s1 + eps / 2 if sign == "all" else s1 + eps, "percentile": s1 + eps, "mass": s1}[mode]
+    return (-half if sign == "all" else torch.zeros_like(half)), half
+
+
+def _prepare(
+    attr: Tensor, mode: str, sample_dims: int, percentile: float | None, eps: float, sign: str, scale: str
+) -> tuple[Tensor, float | None, torch.dtype] | Tensor:
+    """Validate `normalize`'s arguments (all before any work), then ``(apply_sign(a), percentile, out_dtype)``.
+
+    ``a`` is at least float32; an empty ``attr`` comes back as the (empty) result instead.
     """
     _check_tensor(attr, "attr")
     if mode not in NORMALIZATIONS:
@@ -133,10 +330,15 @@ def normalize(
         )
     if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0:
         raise ValueError(f"eps must be a positive number, got {eps!r}")
-    if mode == "percentile" and (
-        isinstance(percentile, bool) or not isinstance(percentile, Real) or not 0 < percentile <= 100
-    ):
-        raise ValueError(f"percentile must be a number in (0, 100], got {percentile!r}")
+    if sign not in SIGNS:
+        raise ValueError(f"sign must be one of {SIGNS}, got {sign!r}")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if mode in DEFAULT_PERCENTILE:
+        if percentile is None:
+            percentile = DEFAULT_PERCENTILE[mode]
+        if isinstance(percentile, bool) or not isinstance(percentile, Real) or not 0 < percentile <= 100:
+            raise ValueError(f"percentile must be a number in (0, 100], got {percentile!r}")
 
     out_dtype = attr.dtype if attr.is_floating_point() else torch.get_default_dtype()
     if attr.numel() == 0:
@@ -149,29 +351,32 @@ def normalize(
             f"attr contains {int(bad.sum())} non-finite value(s) (NaN or Inf) out of {a.numel()}; "
             f"expected finite values to normalize"
         )
+    return apply_sign(a, sign), percentile, out_dtype
 
-    flat = a.flatten(sample_dims)  # (*samples, M)
-    stat_shape = (*a.shape[:sample_dims], *([1] * (a.ndim - sample_dims)))
+
+def _statistics(a: Tensor, mode: str, stat_dims: int, percentile: float | None) -> tuple[Tensor, Tensor | None]:
+    """Each mode's statistics over all but the first ``stat_dims`` axes, shaped to broadcast against ``a``.
+
+    seed: (mean, population std); minmax: (min, max); absmax: (max|a|, None); percentile: (q, None);
+    mass: (t, None) with t = 1 for an all-zero map (t is one of the map's own values, so it is 0 only there, and
+    any divisor gives 0; no eps, to match captum exactly).
+    """
+    flat = a.flatten(stat_dims)  # (*samples, M), or (M,) for statistics over everything
+    stat_shape = (*a.shape[:stat_dims], *([1] * (a.ndim - stat_dims)))
 
     def stat(t: Tensor) -> Tensor:
         return t.reshape(stat_shape)
 
     if mode == "seed":
-        mean = stat(flat.mean(dim=-1))
-        std = stat(flat.std(dim=-1, correction=0))
-        out = ((a - mean) / (std + eps) * 0.1 + 0.5).clamp(0.0, 1.0)
-    elif mode == "minmax":
-        lo = stat(flat.amin(dim=-1))
-        hi = stat(flat.amax(dim=-1))
-        out = ((a - lo) / (hi - lo + eps)).clamp(0.0, 1.0)
-    elif mode == "absmax":
-        m = stat(flat.abs().amax(dim=-1))
-        # already inside (0, 1) analytically; the clamp only guards float rounding
-        out = (a / (2 * m + eps) + 0.5).clamp(0.0, 1.0)
-    else:
-        q = stat(_linear_quantile(flat.abs(), float(percentile) / 100.0))
-        out = (a / (q + eps)).clamp(-1.0, 1.0) * 0.5 + 0.5
-    return out.to(out_dtype)
+        return stat(flat.mean(dim=-1)), stat(flat.std(dim=-1, correction=0))
+    if mode == "minmax":
+        return stat(flat.amin(dim=-1)), stat(flat.amax(dim=-1))
+    if mode == "absmax":
+        return stat(flat.abs().amax(dim=-1)), None
+    if mode == "percentile":
+        return stat(_linear_quantile(flat.abs(), float(percentile) / 100.0)), None
+    t = stat(_mass_threshold(flat.abs(), float(percentile)))
+    return torch.where(t > 0, t, torch.ones_like(t)), None
 
 
 @functools.lru_cache(maxsize=64)
@@ -231,23 +436,32 @@ def resize(x: Tensor, size: tuple[int, int]) -> Tensor:
     return out.reshape(*lead, *out.shape[-3:])
 
 
-def overlay(image: Tensor, heat: Tensor, *, alpha: float = 0.5, cmap: str = "jet") -> Tensor:
-    """Blend a coloured heat map over an image: ``(1 - alpha) * image + alpha * colormap(heat)``, in [0, 1].
+def overlay(image: Tensor, heat: Tensor, alpha: float = 0.5, cmap: str = "jet", alpha_by_map: bool = False) -> Tensor:
+    """Blend a coloured heat map over an image, in [0, 1].
 
     ``image``: ``(..., 3, H, W)`` in [0, 1]; ``heat``: ``(..., 1, h, w)`` in [0, 1], upsampled bilinearly to (H, W).
     Leading axes broadcast, e.g. images ``(N, 1, 3, H, W)`` with heat ``(N, K, 1, h, w)``.
+
+    The per-pixel opacity is ``w = alpha`` (default), or ``w = alpha * heat`` with ``alpha_by_map=True``, so pixels
+    with little attribution stay transparent and the image shows through: ``(1 - w) * image + w * colormap(heat)``.
+    ``alpha_by_map`` suits non-negative maps (0 = nothing); on signed maps drawn around 0.5 a zero would be half
+    opaque.
     """
     _check_tensor(image, "image")
     _check_tensor(heat, "heat")
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    if not isinstance(alpha_by_map, bool):
+        raise TypeError(f"alpha_by_map must be a bool, got {type(alpha_by_map).__name__}")
     _check_map_layout(image, "image", channels=3)
     _check_map_layout(heat, "heat", channels=1)
     if image.device != heat.device:
         raise ValueError(f"image and heat must be on the same device, got {image.device} and {heat.device}")
     img = _as_float(image)
-    colored = colormap(resize(heat, tuple(img.shape[-2:])), cmap).to(img.dtype)
-    return ((1 - alpha) * img + alpha * colored).clamp(0.0, 1.0)
+    heat = resize(heat, tuple(img.shape[-2:])).to(img.dtype)
+    colored = colormap(heat, cmap).to(img.dtype)
+    w = alpha * heat.nan_to_num(0.0).clamp(0.0, 1.0) if alpha_by_map else alpha
+    return ((1 - w) * img + w * colored).clamp(0.0, 1.0)
 
 
 def to_uint8(x: Tensor) -> Tensor:

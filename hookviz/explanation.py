@@ -1,11 +1,21 @@
 """`Explanation`: the result of ``method.visualize(img)``, raw attribution plus what a person needs to see it.
 
 The tensors stay where the method left them (the model's device) and unnormalized; `normalized`, `heatmap` and
-`overlay` compute batch-wide in torch, and only `figure`, `save` and `_repr_png_` turn them into pixels on the cpu.
+`overlay` compute batch-wide in torch, and only `figure`, `save`, `to_html`, `show` and the Jupyter hooks
+(`_repr_html_`, `_repr_png_`) turn them into pixels on the cpu.
+
+Display options (``DISPLAY_KEYS``) come from the method's ``display_defaults`` and can be overridden per call
+(``exp.figure(sign="positive", scale="shared")``) or for good (``exp.with_display(cmap="magma")``):
+``reduce``, ``mode``, ``sign``, ``scale``, ``percentile`` (see `hookviz.display.normalize`), ``cmap``, ``alpha``,
+``alpha_by_map`` (see `hookviz.display.overlay`), ``overlay`` (whether figures show the overlay column) and
+``max_rows`` (rows drawn by figures and HTML).
 """
 
 from __future__ import annotations
 
+import base64
+import enum
+import html
 import io
 import math
 import operator
@@ -25,9 +35,34 @@ if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
 
-__all__ = ["Explanation"]
+__all__ = ["DISPLAY_KEYS", "Explanation", "resolve_labels"]
 
-DISPLAY_KEYS = ("reduce", "mode", "cmap", "overlay")
+DISPLAY_KEYS = (
+    "reduce",
+    "mode",
+    "cmap",
+    "overlay",
+    "sign",
+    "scale",
+    "alpha",
+    "alpha_by_map",
+    "percentile",
+    "max_rows",
+)
+# what an option falls back to when neither the call nor the method's display defaults set it; "reduce" has no entry:
+# without one, maps keep their channels (and 1-channel views reduce with "max-abs"), and "percentile" None means
+# the mode's own default (hookviz.display.DEFAULT_PERCENTILE)
+_FALLBACKS: dict[str, Any] = {
+    "mode": "minmax",
+    "cmap": "jet",
+    "overlay": True,
+    "sign": "all",
+    "scale": "sample",
+    "alpha": 0.5,
+    "alpha_by_map": False,
+    "percentile": None,
+    "max_rows": 8,
+}
 SAVE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg", ".jpg": "jpg", ".jpeg": "jpg"}
 
 
@@ -45,6 +80,113 @@ def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
+def _is_number(x: object) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def _check_option(key: str, value: Any, name: str) -> None:
+    """Check one display option; ``name`` is how the message calls it (``display['mode']`` or ``mode``).
+
+    None is accepted for every key: "use the default" (for ``reduce``: keep the channels).
+    """
+    if value is None:
+        return
+    choices = {
+        "reduce": _display.REDUCTIONS,
+        "mode": _display.NORMALIZATIONS,
+        "sign": _display.SIGNS,
+        "scale": _display.SCALES,
+    }
+    if key in choices:
+        if value not in choices[key]:
+            extra = " or None" if key == "reduce" else ""
+            raise ValueError(f"{name} must be one of {choices[key]}{extra}, got {value!r}")
+    elif key == "cmap":
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be the name of a matplotlib colour map (str), got {type(value).__name__}")
+    elif key in ("overlay", "alpha_by_map"):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    elif key == "alpha":
+        if not _is_number(value) or not 0 <= value <= 1:
+            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    elif key == "percentile":
+        if not _is_number(value) or not 0 < value <= 100:
+            raise ValueError(f"{name} must be a number in (0, 100] or None, got {value!r}")
+    elif key == "max_rows":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_overrides(options: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(options) - set(DISPLAY_KEYS))
+    if unknown:
+        raise TypeError(f"{where}() got unknown display option(s) {unknown}; expected among {DISPLAY_KEYS}")
+    for key, value in options.items():
+        _check_option(key, value, key)
+
+
+def resolve_labels(labels: Any) -> tuple[str, ...] | None:
+    """Class names indexed by class id, as a tuple; None stays None.
+
+    ``labels`` is a sequence of names (``labels[class_id]``), or a torchvision weights enum member such as
+    ``torchvision.models.ResNet18_Weights.IMAGENET1K_V1``, whose ``meta["categories"]`` is used (the names live in
+    the enum: nothing is downloaded). Raises TypeError for anything else and ValueError for weights without
+    categories (e.g. optical flow weights).
+    """
+    if labels is None:
+        return None
+    if isinstance(labels, type) and issubclass(labels, enum.Enum):
+        example = next(iter(labels), None)
+        hint = f", e.g. {labels.__name__}.{example.name}" if example is not None else ""
+        raise TypeError(f"labels got the enum class {labels.__name__}; pass one of its members{hint}")
+    source = "labels"
+    if isinstance(labels, enum.Enum):
+        member = f"{type(labels).__name__}.{labels.name}"
+        meta = getattr(labels, "meta", None)
+        if not isinstance(meta, Mapping):
+            raise TypeError(
+                f"labels got the enum member {member}, which has no .meta mapping; expected a torchvision weights "
+                "enum member (e.g. ResNet18_Weights.IMAGENET1K_V1) or a sequence of class names"
+            )
+        if meta.get("categories") is None:
+            raise ValueError(
+                f"labels: the weights {member} have no 'categories' in their meta (keys: {sorted(meta)}); "
+                "pass a sequence of class names instead"
+            )
+        labels, source = meta["categories"], f"{member}.meta['categories']"
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        raise TypeError(
+            "labels must be a sequence of class names, a torchvision weights enum member (e.g. "
+            f"ResNet18_Weights.IMAGENET1K_V1) or None, got {type(labels).__name__}"
+        )
+    for i, name in enumerate(labels):
+        if not isinstance(name, str):
+            raise TypeError(f"{source} must hold class names (str); item {i} is {type(name).__name__}: {name!r}")
+    return tuple(labels)
+
+
+def _png_data_uri(pixels: np.ndarray) -> str:
+    """(H, W, 3) uint8 -> ``data:image/png;base64,...``."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+_HTML_WIDTH = 192  # px per panel in the HTML view; small maps are scaled up without smoothing
+
+
+@dataclass
+class _Panels:
+    rows: list[tuple[int, int]]  # (sample, target) per drawn row
+    columns: list[tuple[str, np.ndarray]]  # (title, (n, K, H, W, 3) uint8)
+    scores: list[list[float]]
+    targets: list[list[int]] | None
+    total: int  # rows there would be without max_rows
+
+
 # eq=False: a generated __eq__ would compare tensors elementwise and fail on bool(); identity is the useful equality
 @dataclass(eq=False)
 class Explanation:
@@ -59,14 +201,18 @@ class Explanation:
     - ``inputs``: ``(N, C, H, W)``, what the model got.
     - ``targets``: ``(N, K)`` integer class indices, or None when the target was a callable.
     - ``scores``: ``(N, K)`` float target scores (K is 1 unless ``multi_target``).
-    - ``display``: the method's display defaults, keys among ``reduce``, ``mode``, ``cmap``, ``overlay`` (bool:
-      whether `figure` shows the overlay column).
+    - ``labels``: class names indexed by class id (a sequence, or a torchvision weights enum member whose
+      ``meta["categories"]`` is used; see `resolve_labels`), stored as a tuple.
+    - ``display``: the method's display defaults, keys among `DISPLAY_KEYS` (``overlay`` is a bool: whether
+      figures show the overlay column). Every display method takes the same keys as keyword overrides.
     - ``coverage``: for ReLU-rule methods (Guided Backprop, Deconvnet), which ReLU calls were overridden.
 
     Example::
 
-        exp = GuidedBackprop(model).visualize(img)
+        exp = GuidedBackprop(model).visualize(img, labels=ResNet18_Weights.IMAGENET1K_V1)
         exp.heatmap()            # (N, 3, H, W) colour images in [0, 1], on the model's device
+        exp.figure(mode="mass", sign="positive", scale="shared")   # override the method's display defaults
+        exp.show()               # inline in Jupyter, else a matplotlib window
         exp[0].save("gb.pdf")
     """
 
@@ -93,8 +239,7 @@ class Explanation:
             raise TypeError(f"multi_target must be a bool, got {type(self.multi_target).__name__}")
         if not isinstance(self.method, str):
             raise TypeError(f"method must be a str, got {type(self.method).__name__}")
-        if self.labels is not None and (isinstance(self.labels, str) or not isinstance(self.labels, Sequence)):
-            raise TypeError(f"labels must be a sequence of class names or None, got {type(self.labels).__name__}")
+        labels = resolve_labels(self.labels)
 
         attr, expected = self.attribution, 5 if self.multi_target else 4
         if attr.ndim != expected:
@@ -122,12 +267,9 @@ class Explanation:
         unknown = sorted(set(self.display) - set(DISPLAY_KEYS))
         if unknown:
             raise ValueError(f"display has unknown key(s) {unknown}; expected keys among {DISPLAY_KEYS}")
-        reduce = self.display.get("reduce")
-        if reduce is not None and reduce not in _display.REDUCTIONS:
-            raise ValueError(f"display['reduce'] must be one of {_display.REDUCTIONS} or None, got {reduce!r}")
-        mode = self.display.get("mode")
-        if mode is not None and mode not in _display.NORMALIZATIONS:
-            raise ValueError(f"display['mode'] must be one of {_display.NORMALIZATIONS}, got {mode!r}")
+        for key, value in self.display.items():
+            _check_option(key, value, f"display[{key!r}]")
+        self.labels = labels  # assigned last: nothing is changed unless every check passed
 
     # ---------------------------------------------------------------- tensor access
 
@@ -180,19 +322,52 @@ class Explanation:
 
     # ---------------------------------------------------------------- display (torch, on device)
 
-    def normalized(self, mode: str | None = None, reduce: str | None | _UnsetType = _UNSET, **kw: Any) -> Tensor:
-        """Attribution reduced over channels, then normalized per sample (and per target) to [0, 1].
+    def _options(self, where: str, **given: Any) -> dict[str, Any]:
+        """Effective display options: the call's (not None / unset) over `display` over the fallbacks."""
+        given = {k: v for k, v in given.items() if not isinstance(v, _UnsetType) and (v is not None or k == "reduce")}
+        _check_overrides(given, where)
+        out = dict(_FALLBACKS)
+        out["reduce"] = self.display.get("reduce")
+        out.update({k: v for k, v in self.display.items() if v is not None})
+        out.update(given)
+        return out
 
-        ``reduce`` defaults to ``display["reduce"]`` (else None: channels kept), ``mode`` to ``display["mode"]``
-        (else ``"minmax"``); ``kw`` (``percentile``, ``eps``) go to `hookviz.display.normalize`.
-        Shape: ``(N, [K], C', h, w)`` with C' = 1 after a reduction, at the attribution's resolution.
+    def with_display(self, **options: Any) -> Explanation:
+        """A copy whose display defaults are overridden by ``options`` (keys among `DISPLAY_KEYS`); tensors shared.
+
+        ``exp.with_display(sign="positive", cmap="magma").show()``; the Jupyter hooks use the new defaults too.
         """
-        if isinstance(reduce, _UnsetType):
-            reduce = self.display.get("reduce")
-        if mode is None:
-            mode = self.display.get("mode") or "minmax"
-        attr = _display.reduce_channels(self.attribution.detach(), reduce)
-        return _display.normalize(attr, mode, sample_dims=2 if self.multi_target else 1, **kw)
+        _check_overrides(options, "with_display")
+        return replace(self, display={**self.display, **options})
+
+    def normalized(
+        self,
+        mode: str | None = None,
+        reduce: str | None | _UnsetType = _UNSET,
+        *,
+        sign: str | None = None,
+        scale: str | None = None,
+        percentile: float | None = None,
+        eps: float = 1e-8,
+    ) -> Tensor:
+        """Attribution reduced over channels, sign-selected, then normalized to [0, 1] (`hookviz.display.normalize`).
+
+        Every option defaults to `display`, else: ``reduce`` None (channels kept), ``mode`` ``"minmax"``, ``sign``
+        ``"all"``, ``scale`` ``"sample"`` (each (sample[, target]) map on its own; ``"shared"``: one scale for the
+        whole batch, so maps compare), ``percentile`` the mode's default. Shape ``(N, [K], C', h, w)``, C' = 1
+        after a reduction, at the attribution's resolution.
+        """
+        o = self._options("normalized", mode=mode, reduce=reduce, sign=sign, scale=scale, percentile=percentile)
+        attr = _display.reduce_channels(self.attribution.detach(), o["reduce"])
+        return _display.normalize(
+            attr,
+            o["mode"],
+            sample_dims=2 if self.multi_target else 1,
+            percentile=o["percentile"],
+            eps=eps,
+            sign=o["sign"],
+            scale=o["scale"],
+        )
 
     def _rgb_images(self) -> Tensor:
         images = self.images.detach()
@@ -202,34 +377,68 @@ class Explanation:
     def _image_size(self) -> tuple[int, int]:
         return int(self.images.shape[-2]), int(self.images.shape[-1])
 
-    def heatmap(self, cmap: str | None = None) -> Tensor:
+    def heatmap(
+        self,
+        cmap: str | None = None,
+        *,
+        mode: str | None = None,
+        reduce: str | None | _UnsetType = _UNSET,
+        sign: str | None = None,
+        scale: str | None = None,
+        percentile: float | None = None,
+    ) -> Tensor:
         """Colour images of the normalized maps at the input image size: ``(N, [K], 3, H, W)`` in [0, 1].
 
         1-channel maps go through `hookviz.display.colormap` (``cmap`` defaults to ``display["cmap"]``, else
-        ``"jet"``); 3-channel maps are shown as RGB, as the hooks tutorial shows Guided Backprop. Layer maps are
-        upsampled bilinearly after normalization.
+        ``"jet"``); 3-channel maps are shown as RGB, as the hooks tutorial shows Guided Backprop; other channel
+        counts are reduced with ``"max-abs"``. Layer maps are upsampled bilinearly after normalization. The other
+        options are those of `normalized`.
         """
-        cmap = cmap or self.display.get("cmap") or "jet"
-        reduce = self.display.get("reduce")
+        o = self._options("heatmap", cmap=cmap, mode=mode, reduce=reduce, sign=sign, scale=scale, percentile=percentile)
+        reduce = o["reduce"]
         if reduce is None and self.attribution.shape[-3] not in (1, 3):
             reduce = "max-abs"  # neither grey nor RGB: no faithful way to show the channels as they are
-        maps = _display.resize(self.normalized(reduce=reduce), self._image_size())
-        return _display.colormap(maps, cmap) if maps.shape[-3] == 1 else maps
+        maps = self.normalized(o["mode"], reduce, sign=o["sign"], scale=o["scale"], percentile=o["percentile"])
+        maps = _display.resize(maps, self._image_size())
+        return _display.colormap(maps, o["cmap"]) if maps.shape[-3] == 1 else maps
 
-    def overlay(self, alpha: float = 0.5, cmap: str | None = None) -> Tensor:
+    def overlay(
+        self,
+        alpha: float | None = None,
+        cmap: str | None = None,
+        *,
+        alpha_by_map: bool | None = None,
+        mode: str | None = None,
+        reduce: str | None | _UnsetType = _UNSET,
+        sign: str | None = None,
+        scale: str | None = None,
+        percentile: float | None = None,
+    ) -> Tensor:
         """The normalized 1-channel map, coloured, over `images`: ``(N, [K], 3, H, W)`` in [0, 1].
 
-        Multi-channel maps are first reduced with ``display["reduce"]``, else ``"max-abs"``.
+        ``alpha`` (default 0.5) is the map's opacity; with ``alpha_by_map`` it is ``alpha * map`` per pixel, so
+        weak attributions stay transparent (`hookviz.display.overlay`). Multi-channel maps are first reduced with
+        ``reduce``, else ``"max-abs"``. The other options are those of `normalized`.
         """
-        cmap = cmap or self.display.get("cmap") or "jet"
-        reduce = self.display.get("reduce")
+        o = self._options(
+            "overlay",
+            alpha=alpha,
+            cmap=cmap,
+            alpha_by_map=alpha_by_map,
+            mode=mode,
+            reduce=reduce,
+            sign=sign,
+            scale=scale,
+            percentile=percentile,
+        )
+        reduce = o["reduce"]
         if reduce is None and self.attribution.shape[-3] != 1:
             reduce = "max-abs"
-        heat = self.normalized(reduce=reduce)
+        heat = self.normalized(o["mode"], reduce, sign=o["sign"], scale=o["scale"], percentile=o["percentile"])
         images = self._rgb_images()
         if self.multi_target:
             images = images.unsqueeze(1)  # broadcast over K
-        return _display.overlay(images, heat, alpha=alpha, cmap=cmap)
+        return _display.overlay(images, heat, o["alpha"], o["cmap"], alpha_by_map=o["alpha_by_map"])
 
     # ---------------------------------------------------------------- pixels (cpu)
 
@@ -240,53 +449,131 @@ class Explanation:
             return str(self.labels[class_id])
         return f"class {class_id}"
 
-    def figure(self, max_rows: int = 8) -> Figure:
-        """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
-
-        The overlay column is left out when ``display["overlay"]`` is False. Rows beyond ``max_rows`` are not drawn.
-        """
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
+    def _panels(self, where: str, options: dict[str, Any]) -> _Panels:
+        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
+        o = self._options(where, **options)
         if len(self) == 0:
-            raise ValueError("cannot draw a figure of an empty Explanation (N=0)")
-        from matplotlib.figure import Figure
-
+            raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
         k = self.num_targets
-        n_rows = min(max_rows, len(self) * k)
-        sub = self[: math.ceil(n_rows / k)]  # only compute what is drawn
-        show_overlay = bool(self.display.get("overlay", True))
-
-        def to_hwc(t: Tensor) -> np.ndarray:
-            # (N, K, 3, H, W) -> (N, K, H, W, 3): one cpu transfer for the whole panel column
-            return t.clamp(0, 1).movedim(-3, -1).float().cpu().numpy()
+        n_rows = min(o["max_rows"], len(self) * k)
+        n_samples = math.ceil(n_rows / k)
+        # only compute what is drawn; but shared statistics come from the whole batch, so the colours of a row do
+        # not depend on how many rows are drawn
+        src = self if o["scale"] == "shared" else self[:n_samples]
+        view = {key: o[key] for key in ("cmap", "mode", "reduce", "sign", "scale", "percentile")}
 
         def with_k(t: Tensor) -> Tensor:
-            return t if sub.multi_target else t.unsqueeze(1)
+            t = t[:n_samples]
+            return t if self.multi_target else t.unsqueeze(1)
 
-        columns = [("image", to_hwc(sub._rgb_images().unsqueeze(1).expand(-1, k, -1, -1, -1)))]
-        columns.append((self.method, to_hwc(with_k(sub.heatmap()))))
-        if show_overlay:
-            columns.append(("overlay", to_hwc(with_k(sub.overlay()))))
-        scores = sub.scores.detach().float().cpu().tolist()
-        targets = None if sub.targets is None else sub.targets.detach().cpu().tolist()
+        def to_hwc(t: Tensor) -> np.ndarray:
+            # (N, K, 3, H, W) -> (N, K, H, W, 3) uint8 on the device, then one cpu transfer for the whole column
+            return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
 
-        fig = Figure(figsize=(2.6 * len(columns), 2.6 * n_rows))
-        axes = fig.subplots(n_rows, len(columns), squeeze=False)
-        for r in range(n_rows):
-            i, j = divmod(r, k)
-            target = self._target_title(None if targets is None else targets[i][j])
-            titles = [f"{target}  score {scores[i][j]:.3g}"] + [name for name, _ in columns[1:]]
-            for c, (_, pixels) in enumerate(columns):
+        images = self._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
+        columns = [("image", to_hwc(images)), (self.method, to_hwc(with_k(src.heatmap(**view))))]
+        if o["overlay"]:
+            over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
+            columns.append(("overlay", to_hwc(with_k(over))))
+        scores = self.scores[:n_samples].detach().float().cpu().tolist()
+        targets = None if self.targets is None else self.targets[:n_samples].detach().cpu().tolist()
+        rows = [divmod(r, k) for r in range(n_rows)]
+        return _Panels(rows=rows, columns=columns, scores=scores, targets=targets, total=len(self) * k)
+
+    def _draw(self, fig: Figure, panels: _Panels) -> None:
+        axes = fig.subplots(len(panels.rows), len(panels.columns), squeeze=False)
+        for r, (i, j) in enumerate(panels.rows):
+            target = self._target_title(None if panels.targets is None else panels.targets[i][j])
+            titles = [f"{target}  score {panels.scores[i][j]:.3g}"] + [name for name, _ in panels.columns[1:]]
+            for c, (_, pixels) in enumerate(panels.columns):
                 ax = axes[r, c]
                 ax.imshow(pixels[i, j], interpolation="nearest")
                 ax.set_title(titles[c], fontsize=9)
                 ax.set_xticks([])
                 ax.set_yticks([])
         fig.tight_layout()
+
+    @staticmethod
+    def _figsize(panels: _Panels) -> tuple[float, float]:
+        return 2.6 * len(panels.columns), 2.6 * len(panels.rows)
+
+    def figure(self, max_rows: int | None = None, **options: Any) -> Figure:
+        """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
+
+        The image column shows `images`, the inputs as a person sees them (de-normalized when the preprocessing is
+        known). ``options`` (keys among `DISPLAY_KEYS`: ``mode``, ``reduce``, ``sign``, ``scale``, ``percentile``,
+        ``cmap``, ``alpha``, ``alpha_by_map``, ``overlay``) override the method's `display` defaults. The overlay
+        column is left out when ``overlay`` is False. Rows beyond ``max_rows`` (default ``display["max_rows"]``,
+        else 8) are not drawn; with ``scale="shared"`` the scale still comes from the whole batch.
+        """
+        from matplotlib.figure import Figure
+
+        panels = self._panels("figure", {"max_rows": max_rows, **options})
+        fig = Figure(figsize=self._figsize(panels))
+        self._draw(fig, panels)
         return fig
 
-    def save(self, path: str | PathLike[str], dpi: float = 150) -> Path:
-        """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path."""
+    def to_html(self, max_rows: int | None = None, **options: Any) -> str:
+        """An HTML table, one row per (sample[, target]): image | map | overlay as inline PNGs (base64 data URIs).
+
+        Each row names the sample, the target class (its label when `labels` has one, and the class id) and the
+        score. Same options as `figure`; `_repr_html_` is ``to_html()`` with the display defaults.
+        """
+        panels = self._panels("to_html", {"max_rows": max_rows, **options})
+        head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in panels.columns)
+        body = []
+        for i, j in panels.rows:
+            class_id = None if panels.targets is None else panels.targets[i][j]
+            target = self._target_title(class_id)
+            if class_id is not None and target != f"class {class_id}":
+                target += f" (class {class_id})"
+            sample = f"sample {i}" + (f", target {j}" if self.multi_target else "")
+            info = f"{sample}<br><b>{html.escape(target)}</b><br>score {panels.scores[i][j]:.4g}"
+            cells = "".join(
+                f'<td><img src="{_png_data_uri(pixels[i, j])}" alt="{html.escape(name)}" width="{_HTML_WIDTH}" '
+                'style="image-rendering: pixelated"></td>'
+                for name, pixels in panels.columns
+            )
+            body.append(f'<tr><td style="text-align: left">{info}</td>{cells}</tr>')
+        more = len(panels.rows) < panels.total
+        note = f"<div>showing {len(panels.rows)} of {panels.total} rows</div>" if more else ""
+        return (
+            f'<div class="hookviz-explanation"><div><code>{html.escape(repr(self))}</code></div>'
+            f"<table><tr><th></th>{head}</tr>{''.join(body)}</table>{note}</div>"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich view: `to_html` with the display defaults."""
+        return self.to_html()
+
+    def show(self, **options: Any) -> None:
+        """Display the explanation: inline when running under IPython/Jupyter, else in a matplotlib window.
+
+        Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_html_`); elsewhere the `figure`
+        is drawn on a pyplot figure and ``pyplot.show()`` opens it with the configured backend. ``options`` are
+        those of `figure` (including ``max_rows``) and override the display defaults.
+        """
+        shown = self.with_display(**options) if options else self
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            get_ipython = None
+        if get_ipython is not None and get_ipython() is not None:
+            display(shown)
+            return
+        import matplotlib.pyplot as plt
+
+        panels = shown._panels("show", {})
+        fig = plt.figure(figsize=self._figsize(panels))
+        shown._draw(fig, panels)
+        plt.show()
+
+    def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
+        """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path.
+
+        ``options`` are those of `figure` (``max_rows`` and the display options).
+        """
         path = Path(path)
         fmt = SAVE_FORMATS.get(path.suffix.lower())
         if fmt is None:
@@ -296,7 +583,7 @@ class Explanation:
             )
         if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
             raise ValueError(f"dpi must be a positive number, got {dpi!r}")
-        self.figure().savefig(path, format=fmt, dpi=dpi)
+        self.figure(**options).savefig(path, format=fmt, dpi=dpi)
         return path
 
     def _repr_png_(self) -> bytes:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import enum
 import io
 import os
+import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from hookviz.display import colormap, normalize, resize
-from hookviz.explanation import Explanation
+from hookviz import display as hv_display
+from hookviz.display import EmptyMapWarning, colormap, normalize, resize, to_uint8
+from hookviz.explanation import DISPLAY_KEYS, Explanation, resolve_labels
 
 N = 2
 LABELS = [f"label{i}" for i in range(10)]
@@ -128,6 +133,53 @@ def test_heatmap_and_overlay_shapes(k, kind):
         assert ((out >= 0) & (out <= 1)).all()
 
 
+def test_normalized_options_override_display():
+    e = make(3, "input", display={"mode": "absmax", "sign": "positive", "scale": "shared", "percentile": 90.0})
+    a = e.attribution
+    torch.testing.assert_close(e.normalized(), normalize(a, "absmax", sample_dims=2, sign="positive", scale="shared"))
+    torch.testing.assert_close(
+        e.normalized("mass", sign="negative", scale="sample"),
+        normalize(a, "mass", sample_dims=2, sign="negative", percentile=90.0),
+    )
+    torch.testing.assert_close(
+        e.normalized("percentile", percentile=50.0, scale="sample"),
+        normalize(a, "percentile", sample_dims=2, sign="positive", percentile=50.0),
+    )
+    with pytest.raises(
+        ValueError, match=r"sign must be one of \('all', 'positive', 'negative', 'absolute'\), got 'neg'"
+    ):
+        e.normalized(sign="neg")
+    with pytest.raises(ValueError, match=r"scale must be one of \('sample', 'shared'\), got 'figure'"):
+        e.heatmap(scale="figure")
+
+
+def test_heatmap_and_overlay_options():
+    e = make(1, "layer")
+    heat = normalize(e.attribution, "mass", sign="absolute", scale="shared")
+    torch.testing.assert_close(
+        e.heatmap("magma", mode="mass", sign="absolute", scale="shared"), colormap(resize(heat, (32, 32)), "magma")
+    )
+    out = e.overlay(0.7, "magma", alpha_by_map=True, mode="mass", sign="absolute", scale="shared")
+    torch.testing.assert_close(out, hv_display.overlay(e.images, heat, 0.7, "magma", alpha_by_map=True))
+    # alpha and alpha_by_map can be display defaults too
+    d = make(1, "layer", display={"alpha": 0.7, "alpha_by_map": True, "cmap": "magma"})
+    torch.testing.assert_close(
+        d.overlay(), hv_display.overlay(d.images, d.normalized(), 0.7, "magma", alpha_by_map=True)
+    )
+    with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\], got 2"):
+        e.overlay(alpha=2)
+
+
+def test_empty_map_warns_through_explanation():
+    e = make(1, "layer", attribution=torch.zeros(N, 1, 8, 8))
+    with pytest.warns(EmptyMapWarning, match=r"sample\(s\) \[0, 1\] of 2 are all zero") as record:
+        out = e.heatmap()
+    assert torch.isfinite(out).all()
+    assert record[0].filename == __file__  # the warning points at the user's line, not inside hookviz
+    with pytest.warns(EmptyMapWarning, match=r"sample\(s\) \[0, 1\] of 2 are all zero after sign='negative'"):
+        make(1, "layer").figure(sign="negative")  # Grad-CAM maps have no negative part
+
+
 def test_heatmap_values():
     # 3-channel maps are shown as RGB; layer maps are normalized, upsampled to the image size, then coloured
     e = make(1, "input")
@@ -182,6 +234,176 @@ def test_figure_errors():
         make().figure(max_rows=0)
     with pytest.raises(ValueError, match=r"empty Explanation \(N=0\)"):
         make()[2:].figure()
+    with pytest.raises(TypeError, match=r"figure\(\) got unknown display option\(s\) \['colour'\]"):
+        make().figure(colour="red")
+    with pytest.raises(ValueError, match=r"mode must be one of .*'mass'\), got 'max'"):
+        make().figure(mode="max")
+
+
+def _panel(fig, row: int, col: int, n_cols: int = 3) -> np.ndarray:
+    """The (H, W, 3) uint8 pixels drawn at (row, col)."""
+    return np.asarray(fig.axes[row * n_cols + col].get_images()[0].get_array())
+
+
+def _hwc(t: torch.Tensor) -> np.ndarray:
+    return to_uint8(t).permute(1, 2, 0).numpy()
+
+
+def test_figure_shows_images_and_options_override_display():
+    e = make(1, "layer", display={"mode": "minmax", "cmap": "jet"})
+    fig = e.figure()
+    np.testing.assert_array_equal(_panel(fig, 0, 0), _hwc(e.images[0]))  # the image column shows `images`
+    np.testing.assert_array_equal(_panel(fig, 1, 1), _hwc(e.heatmap()[1]))
+    opts = {"mode": "mass", "sign": "positive", "cmap": "magma", "percentile": 90.0}
+    fig = e.figure(**opts, alpha=0.8, alpha_by_map=True)
+    np.testing.assert_array_equal(_panel(fig, 1, 1), _hwc(e.heatmap(**opts)[1]))
+    np.testing.assert_array_equal(_panel(fig, 1, 2), _hwc(e.overlay(0.8, alpha_by_map=True, **opts)[1]))
+    assert len(e.figure(overlay=False).axes) == 2 * 2
+    assert len(make(display={"overlay": False}).figure(overlay=True).axes) == 2 * 3
+    assert e.display == {"mode": "minmax", "cmap": "jet"}  # overrides do not stick
+
+
+def test_figure_shared_scale_uses_the_whole_batch():
+    # sample 1 is ten times stronger: with a shared scale, sample 0 looks weak even when drawn alone
+    e = make(1, "layer")
+    e.attribution[1] = e.attribution[0] * 10
+    fig = e.figure(max_rows=1, scale="shared", cmap="gray")
+    np.testing.assert_array_equal(_panel(fig, 0, 1), _hwc(e.heatmap("gray", scale="shared")[0]))
+    alone = _panel(e.figure(max_rows=1, cmap="gray"), 0, 1)
+    assert _panel(fig, 0, 1).max() <= alone.max() / 10 + 1  # a tenth of the range it gets on its own
+
+
+def test_with_display():
+    e = make(display={"cmap": "magma"})
+    f = e.with_display(sign="positive", max_rows=1)
+    assert f.display == {"cmap": "magma", "sign": "positive", "max_rows": 1}
+    assert e.display == {"cmap": "magma"} and f.attribution is e.attribution
+    assert len(f.figure().axes) == 3
+    with pytest.raises(TypeError, match=r"with_display\(\) got unknown display option\(s\) \['colour'\]"):
+        e.with_display(colour="red")
+
+
+# ---------------------------------------------------------------------------- labels
+
+
+def test_labels_from_torchvision_weights():
+    from torchvision.models import ResNet18_Weights
+
+    e = make(1, "input", targets=torch.tensor([[0], [1]]), labels=ResNet18_Weights.IMAGENET1K_V1)
+    assert len(e.labels) == 1000 and e.labels[:2] == ("tench", "goldfish")
+    assert e.figure().axes[0].get_title().startswith("tench  score ")
+    assert "<b>tench (class 0)</b>" in e._repr_html_()
+    assert e[1].labels is e.labels
+
+
+class _FakeWeights(enum.Enum):
+    FLOW = "flow"
+
+    @property
+    def meta(self) -> dict:
+        return {"min_size": (128, 128)}
+
+
+def test_resolve_labels():
+    assert resolve_labels(None) is None
+    assert resolve_labels(["a", "b"]) == ("a", "b")
+    assert make(labels=LABELS).labels == tuple(LABELS)
+    with pytest.raises(
+        ValueError, match=r"the weights _FakeWeights.FLOW have no 'categories' in their meta \(keys: \['min_size'\]\)"
+    ):
+        resolve_labels(_FakeWeights.FLOW)
+    with pytest.raises(
+        TypeError, match="labels got the enum class _FakeWeights; pass one of its members, e.g. _FakeWeights.FLOW"
+    ):
+        resolve_labels(_FakeWeights)
+    with pytest.raises(TypeError, match="labels must be a sequence of class names, a torchvision weights enum member"):
+        resolve_labels("tench")
+    with pytest.raises(TypeError, match=r"labels must hold class names \(str\); item 1 is int: 7"):
+        resolve_labels(["a", 7])
+    with pytest.raises(TypeError, match="labels must be a sequence of class names"):
+        make(labels={0: "a"})
+
+
+# ---------------------------------------------------------------------------- HTML and show()
+
+_IMG = '<img src="data:image/png;base64,'
+
+
+@pytest.mark.parametrize(
+    ("k", "kind", "display", "n_img"), [(1, "layer", {}, 2 * 3), (3, "input", {"overlay": False}, 6 * 2)]
+)
+def test_repr_html(k, kind, display, n_img):
+    e = make(
+        k, kind, targets=torch.arange(N * k).view(N, k), labels=[f"<label{i}>" for i in range(10)], display=display
+    )
+    out = e._repr_html_()
+    assert out.count(_IMG) == n_img
+    assert "&lt;label1&gt; (class 1)" in out and "<label1>" not in out  # names are escaped
+    assert f"score {e.scores[0, 0].item():.4g}" in out
+    assert "sample 1, target 2" in out if k > 1 else "sample 1<br>" in out
+    uri = re.search(r'src="data:image/png;base64,([^"]+)"', out).group(1)
+    img = Image.open(io.BytesIO(base64.b64decode(uri)))
+    assert img.format == "PNG" and img.size == (32, 32)
+    np.testing.assert_array_equal(np.asarray(img), _hwc(e.images[0]))  # the first panel is the image
+
+
+def test_to_html_options_and_truncation():
+    e = make(3, "layer", targets=None)
+    out = e.to_html(max_rows=4, overlay=False)
+    assert out.count(_IMG) == 4 * 2 and "showing 4 of 6 rows" in out and "custom target" in out
+    assert e.with_display(max_rows=1)._repr_html_().count(_IMG) == 3
+
+
+def test_show_without_ipython_uses_pyplot(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setitem(sys.modules, "IPython", None)  # "import IPython" raises ImportError
+    monkeypatch.setattr(plt, "show", lambda *a, **kw: shown.append(plt.gcf()))
+    try:
+        assert make().show(max_rows=1, overlay=False) is None
+        assert len(shown) == 1 and len(shown[0].axes) == 2
+    finally:
+        plt.close("all")
+
+
+def _fake_ipython(monkeypatch, shell):
+    calls = []
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: shell
+    ipython_display = types.ModuleType("IPython.display")
+    ipython_display.display = calls.append
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setitem(sys.modules, "IPython.display", ipython_display)
+    return calls
+
+
+def test_show_in_jupyter_uses_ipython_display(monkeypatch):
+    calls = _fake_ipython(monkeypatch, shell=object())
+    e = make()
+    assert e.show() is None
+    assert calls == [e]
+    e.show(cmap="magma")
+    assert isinstance(calls[1], Explanation) and calls[1].display == {"cmap": "magma"}
+
+
+def test_show_ipython_installed_but_no_kernel_uses_pyplot(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    calls = _fake_ipython(monkeypatch, shell=None)  # plain python with IPython installed
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda *a, **kw: shown.append(1))
+    try:
+        make().show()
+    finally:
+        plt.close("all")
+    assert calls == [] and shown == [1]
 
 
 @pytest.mark.parametrize(
@@ -233,12 +455,36 @@ def test_repr_one_line():
         ({"display": {"colour": "jet"}}, ValueError, r"display has unknown key\(s\) \['colour'\]"),
         ({"display": {"mode": "max"}}, ValueError, r"display\['mode'\] must be one of"),
         ({"display": {"reduce": "mean"}}, ValueError, r"display\['reduce'\] must be one of"),
+        ({"display": {"sign": "+"}}, ValueError, r"display\['sign'\] must be one of \('all', 'positive'"),
+        ({"display": {"scale": "all"}}, ValueError, r"display\['scale'\] must be one of \('sample', 'shared'\)"),
+        ({"display": {"alpha": 1.5}}, ValueError, r"display\['alpha'\] must be a number in \[0, 1\], got 1.5"),
+        ({"display": {"alpha_by_map": 1}}, TypeError, r"display\['alpha_by_map'\] must be a bool, got int"),
+        ({"display": {"overlay": "no"}}, TypeError, r"display\['overlay'\] must be a bool, got str"),
+        ({"display": {"percentile": 0}}, ValueError, r"display\['percentile'\] must be a number in \(0, 100\]"),
+        ({"display": {"max_rows": 0}}, ValueError, r"display\['max_rows'\] must be a positive int, got 0"),
+        ({"display": {"cmap": 3}}, TypeError, r"display\['cmap'\] must be the name of a matplotlib colour map"),
+        ({"labels": "tench"}, TypeError, "labels must be a sequence of class names"),
         ({"attribution": np.zeros((2, 3, 32, 32))}, TypeError, "attribution must be a torch.Tensor, got ndarray"),
     ],
 )
 def test_validation(kw, error, match):
     with pytest.raises(error, match=match):
         make(**kw)
+
+
+def test_display_keys():
+    assert DISPLAY_KEYS == (
+        "reduce",
+        "mode",
+        "cmap",
+        "overlay",
+        "sign",
+        "scale",
+        "alpha",
+        "alpha_by_map",
+        "percentile",
+        "max_rows",
+    )
 
 
 def test_import_does_not_import_matplotlib():
