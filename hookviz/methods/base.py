@@ -83,12 +83,13 @@ class Attribution:
         target: TargetSpec = None,
         *,
         preprocess: Any = "imagenet",
-        labels: Sequence[str] | None = None,
+        labels: Sequence[str] | Any | None = None,
     ) -> Explanation:
         """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
 
         Non-tensor images go through `preprocess` (default: the ImageNet preset; any callable such as a
-        torchvision weights' ``transforms()``); tensors are used as given. The `Explanation` shows itself in Jupyter.
+        torchvision weights' ``transforms()``); tensors are used as given. `labels`: class names indexed by class id,
+        or a torchvision weights enum member (its ``meta["categories"]``). The `Explanation` shows itself in Jupyter.
         """
         from ..explanation import Explanation
 
