@@ -8,6 +8,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 from importlib.metadata import PackageNotFoundError, version
 
 from .explanation import Explanation
+from .figures import grid, save_figure
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
 from .methods import (
@@ -61,9 +62,11 @@ __all__ = [
     "Targets",
     "XGradCAM",
     "batched_grad",
+    "grid",
     "get_method",
     "hook_counts",
     "load_images",
+    "save_figure",
     "select_modules",
     "__version__",
 ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from torch import nn
 
 from hookviz.cli import main
 from hookviz.zoo import shapes_image
@@ -44,3 +46,193 @@ def test_shapes_image_is_deterministic_and_drawn() -> None:
     assert ((a[..., 0] > 200) & (a[..., 1] < 60)).sum() > 50
     with pytest.raises(ValueError, match="at least 16 pixels"):
         shapes_image(8)
+
+
+# ---------------------------------------------------------------------------------------------------- explain
+
+
+@pytest.fixture
+def images(tmp_path) -> list[str]:
+    """Two small local image files (png and jpg) written by the test."""
+    a, b = tmp_path / "a.png", tmp_path / "b.jpg"
+    shapes_image(72, seed=1).save(a)
+    shapes_image(72, seed=2).save(b)
+    return [str(a), str(b)]
+
+
+@pytest.fixture
+def grids(monkeypatch) -> list:
+    """Every figure `hookviz explain` draws, with the arguments it passed to grid."""
+    import hookviz.figures as figures
+
+    drawn = []
+    real = figures.grid
+
+    def spy(*args, **kwargs):
+        fig = real(*args, **kwargs)
+        drawn.append((fig, kwargs))
+        return fig
+
+    monkeypatch.setattr(figures, "grid", spy)
+    return drawn
+
+
+def small_cnn(classes: int = 5) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, classes),
+    )  # fmt: skip
+
+
+def titles(fig, n_cols: int) -> list[str]:
+    return [ax.get_title().replace("\n", " ") for ax in fig.axes[:n_cols]]  # long titles are wrapped
+
+
+def explain(*args: str) -> int:
+    return main(["explain", *args, "--dpi", "40"])
+
+
+def fail(capsys, *args: str) -> str:
+    """Run `hookviz explain` expecting a usage error: exit code 2 and one line on stderr, no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        explain(*args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hookviz explain: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_explain_torchvision_model_end_to_end(images, tmp_path, capsys, grids) -> None:
+    out = tmp_path / "out" / "fig.png"
+    args = ["--model", "torchvision:resnet18", "--method", "saliency,gradcam", "--size", "64", "--out", str(out)]
+    assert explain(*images, *args) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out.resolve()}" in printed
+    assert "RANDOM weights" in printed  # says that an untrained model's maps show no learned evidence
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ((fig, kwargs),) = grids
+    assert len(fig.axes) == 2 * 3 and titles(fig, 3) == ["Input", "Saliency", "Grad-CAM"]
+    assert fig.axes[0].images[0].get_array().shape[:2] == (64, 64)
+    assert kwargs["targets"] is None  # top class of each image
+    assert fig.axes[0].get_ylabel().startswith("class ")
+
+
+def test_explain_pickled_model_with_k_targets_and_labels_file(images, tmp_path, capsys, grids) -> None:
+    model_path = tmp_path / "model.pt"
+    torch.save(small_cnn(), model_path)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("ant\nbee\ncat\ndog\neel\n")
+    out = tmp_path / "fig.pdf"
+    args = ["--model", str(model_path), "--method", "gradcam", "--target", "1,3", "--labels", str(labels)]
+    assert explain(images[0], *args, "--size", "32", "--out", str(out), "--colorbar") == 0
+    assert f"wrote {out.resolve()}" in capsys.readouterr().out
+    pdf = out.read_bytes()
+    assert pdf.startswith(b"%PDF") and b"/FontFile2" in pdf
+    ((fig, kwargs),) = grids
+    assert titles(fig, 3) == ["Input", "bee", "dog"]  # one method, K = 2 targets: a column per target
+    assert kwargs["targets"].tolist() == [[1, 3]]
+
+
+def test_explain_pickled_model_several_methods_to_svg(images, tmp_path, grids) -> None:
+    model_path = tmp_path / "model.pt"
+    torch.save(small_cnn(), model_path)
+    out = tmp_path / "fig.svg"
+    methods = "guided-backprop,gradcam,integrated-gradients"
+    assert explain(*images, "--model", str(model_path), "--method", methods, "--size", "32", "--out", str(out)) == 0
+    assert b"<svg" in out.read_bytes()[:1000]
+    ((fig, _),) = grids
+    assert titles(fig, 4) == ["Input", "Guided Backprop", "Grad-CAM", "Integrated Gradients"]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit is deprecated in favour of torch.export
+def test_explain_torchscript_model(images, tmp_path, capsys) -> None:
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.trace(small_cnn(), torch.randn(1, 3, 32, 32)), str(path))
+    out = tmp_path / "fig.png"
+    assert explain(images[0], "--model", str(path), "--method", "saliency", "--size", "32", "--out", str(out)) == 0
+    assert out.exists()
+    capsys.readouterr()
+    err = fail(capsys, images[0], "--model", str(path), "--method", "gradcam", "--size", "32", "--out", str(out))
+    assert "TorchScript" in err and "saliency" in err
+
+
+def test_explain_state_dict_weights_with_another_number_of_classes(images, tmp_path, grids) -> None:
+    from torchvision import models
+
+    path = tmp_path / "finetuned.pth"
+    torch.save({"state_dict": models.resnet18(num_classes=7).state_dict()}, path)
+    out = tmp_path / "fig.png"
+    args = ["--model", "torchvision:resnet18", "--weights", str(path), "--method", "gradcam", "--target", "6"]
+    assert explain(images[0], *args, "--size", "64", "--out", str(out)) == 0
+    ((fig, kwargs),) = grids
+    assert fig.axes[0].get_ylabel() == "class 6"
+
+
+def test_explain_torchvision_weights_use_their_transforms_and_categories(images, tmp_path, monkeypatch, grids) -> None:
+    # no download in tests: get_model is replaced, the weights enum (transforms, meta) is torchvision's own
+    from torchvision import models
+
+    built = []
+
+    def fake_get_model(name, weights=None, **kwargs):
+        built.append((name, weights))
+        return small_cnn(1000)
+
+    monkeypatch.setattr(models, "get_model", fake_get_model)
+    out = tmp_path / "fig.png"
+    args = ["--model", "torchvision:resnet18:DEFAULT", "--method", "saliency", "--target", "0", "--size", "48"]
+    assert explain(images[0], *args, "--out", str(out)) == 0
+    assert built == [("resnet18", models.ResNet18_Weights.IMAGENET1K_V1)]
+    ((fig, kwargs),) = grids
+    assert kwargs["labels"] == models.ResNet18_Weights.IMAGENET1K_V1.meta["categories"]
+    assert type(kwargs["preprocess"]).__name__ == "ImageClassification"
+    assert fig.axes[0].get_ylabel() == "tench"  # ImageNet class 0
+    assert fig.axes[0].images[0].get_array().shape[:2] == (48, 48)  # --size is the weights' crop
+
+
+def test_explain_errors_are_one_line_with_exit_code_2(images, tmp_path, capsys) -> None:
+    out = str(tmp_path / "fig.png")
+    tv = ["--model", "torchvision:resnet18", "--out", out]
+    err = fail(capsys, *images, *tv, "--method", "gradcamm")
+    assert "unknown method 'gradcamm'" in err and "did you mean 'gradcam'" in err
+    assert "available: deconvnet, gradcam, gradcam++, guided-backprop" in err
+    err = fail(capsys, *images, "--model", "torchvision:resnet19", "--method", "gradcam", "--out", out)
+    assert "unknown torchvision classification model 'resnet19'" in err and "resnet18" in err
+    err = fail(capsys, str(tmp_path / "missing.png"), *tv, "--method", "gradcam")
+    assert "no such image file" in err and "missing.png" in err
+    err = fail(capsys, *images, *tv, "--method", "gradcam", "--target", "cat")
+    assert "--target" in err and "'cat'" in err
+    err = fail(capsys, *images, *tv, "--method", "gradcam", "--target", "-1")
+    assert "--target" in err
+    err = fail(capsys, *images, "--model", "torchvision:resnet18:FOO", "--method", "gradcam", "--out", out)
+    assert "no weights 'FOO'" in err and "IMAGENET1K_V1" in err
+    err = fail(capsys, *images, "--model", str(tmp_path / "nope.pt"), "--method", "gradcam", "--out", out)
+    assert "no such model file" in err
+    err = fail(capsys, *images, *tv, "--method", "gradcam", "--out", str(tmp_path / "fig.gif"))
+    assert "--out" in err
+
+
+def test_explain_model_file_errors(images, tmp_path, capsys) -> None:
+    out = str(tmp_path / "fig.png")
+    state = tmp_path / "state.pt"
+    torch.save(small_cnn().state_dict(), state)
+    err = fail(capsys, images[0], "--model", str(state), "--method", "gradcam", "--out", out)
+    assert "holds a state_dict" in err and "--weights" in err
+    err = fail(capsys, images[0], "--model", "torchvision:resnet18", "--weights", str(state), "--method", "gradcam")
+    assert "does not fit torchvision resnet18" in err and "missing key" in err
+    model = tmp_path / "model.pt"
+    torch.save(small_cnn(), model)
+    err = fail(capsys, images[0], "--model", str(model), "--method", "gradcam", "--target", "9", "--size", "32")
+    assert "out of range" in err  # hookviz's own target check, as one line
+    err = fail(capsys, images[0], "--model", str(model), "--weights", str(state), "--method", "gradcam")
+    assert "--weights applies to --model torchvision:NAME" in err
+
+
+def test_explain_help_warns_about_pickle(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "only load files you trust" in text and "torchvision:NAME[:WEIGHTS]" in text
