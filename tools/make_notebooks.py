@@ -13,8 +13,6 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = Path(__file__).resolve().parents[1]
 
 FIND_ASSETS = """\
-from pathlib import Path
-
 # the notebook runs from notebooks/ (Jupyter, nbmake) or from the repository root
 ASSETS = next(p for p in (Path("assets"), Path("../assets")) if (p / "chelsea.png").exists())
 CAT = ASSETS / "chelsea.png\""""
@@ -29,6 +27,7 @@ QUICKSTART = [
         "`labels=weights` to get real maps with ImageNet class names."
     ),
     new_code_cell(
+        "from pathlib import Path\n\n"
         "import torch\n"
         "from torchvision import models\n\n"
         "import hookviz as hv\n\n"
@@ -55,7 +54,20 @@ QUICKSTART = [
         "print(hv.IntegratedGradients(model, steps=16).attribute(batch, target=281).shape)\n"
         "print(hv.GradCAM(model, layer='layer3').attribute(batch, target=281, upsample=True).shape)"
     ),
-    new_markdown_cell("## Saving\n\nThe same figure as a file: PNG, PDF or SVG."),
+    new_markdown_cell(
+        "## A figure for a paper\n\n"
+        "Rows are images, columns are methods; one scale per column, colour bars, fixed size, vector PDF with "
+        "embedded fonts."
+    ),
+    new_code_cell(
+        "from hookviz.zoo import shapes_image\n\n"
+        "images = [CAT, shapes_image(224)]\n"
+        "fig = hv.grid(images, methods=['guided-backprop', 'saliency', 'gradcam', 'integrated-gradients'],\n"
+        "              model=model, targets=281, colorbar=True, size=(7.5, 4.2))\n"
+        "hv.save_figure(fig, 'quickstart_grid.pdf')\n"
+        "fig"
+    ),
+    new_markdown_cell("## Saving\n\nEvery Explanation saves as PNG, PDF or SVG."),
     new_code_cell("gb.save('quickstart_guided.pdf')\nexp.save('quickstart_gradcam.png')"),
 ]
 
