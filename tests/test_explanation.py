@@ -431,7 +431,9 @@ def test_repr_png_decodes():
     data = make(3, "input")._repr_png_()
     assert isinstance(data, bytes)
     img = Image.open(io.BytesIO(data))
-    assert img.format == "PNG" and img.size[0] > 0
+    # 2 samples x 3 targets = 6 rows of (image | map | overlay), 2.6 inches a panel at 100 dpi
+    assert img.format == "PNG" and img.size == (3 * 260, 6 * 260)
+    assert Image.open(io.BytesIO(make(3, "input")[:1]._repr_png_())).size == (3 * 260, 3 * 260)
 
 
 def test_repr_one_line():
