@@ -30,6 +30,7 @@ from .methods import (
     XGradCAM,
     get_method,
 )
+from .record import ActivationRecorder, GradientRecorder
 from .targets import Targets, batched_grad
 
 try:
@@ -39,6 +40,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "IMAGENET",
+    "ActivationRecorder",
     "METHODS",
     "Attribution",
     "Batch",
@@ -46,6 +48,7 @@ __all__ = [
     "Deconvnet",
     "GradCAM",
     "GradCAMPlusPlus",
+    "GradientRecorder",
     "GuidedBackprop",
     "GuidedGradCAM",
     "HiResCAM",
