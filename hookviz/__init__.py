@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .explanation import Explanation
 from .figures import grid, save_figure
+from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
 from .methods import (
@@ -44,10 +45,17 @@ __all__ = [
     "METHODS",
     "Attribution",
     "Batch",
+    "Alarm",
+    "Alarms",
     "Explanation",
+    "FlowReport",
+    "FlowStats",
     "Deconvnet",
     "GradCAM",
     "GradCAMPlusPlus",
+    "GradientFlow",
+    "GradientFlowError",
+    "GradientFlowWarning",
     "GradientRecorder",
     "GuidedBackprop",
     "GuidedGradCAM",

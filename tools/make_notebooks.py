@@ -1,6 +1,6 @@
 """Write the notebooks in notebooks/ from the cells below, with no outputs (CI executes them; git keeps them clean).
 
-    python tools/make_notebooks.py
+python tools/make_notebooks.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,194 @@
+"""GradientFlow overhead on a training step, against no monitoring and against ``torch.autograd.detect_anomaly``.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_flow.py [--steps N] [--warmup W] [--batch B] [--size S] [--out PATH]
+
+One torchvision resnet18 (``weights=None``, 10 classes, seed 0, train mode) training step on the CPU: batch 16 of
+64x64 images, cross-entropy, ``SGD(lr=0.01, momentum=0.9)``: ``zero_grad``, forward, backward, ``step``. Rows, each on
+its own copy of the same model and optimizer:
+
+- ``plain``: no monitoring;
+- ``GradientFlow(every=1)``: ``flow.step()`` after each backward (gradient, activation, output-gradient statistics
+  and NaN bookkeeping at every step; no update ratio, which needs the optimizer);
+- ``GradientFlow(every=1, abs_stats=False)``: the same without mean and max |grad| (two passes over every gradient
+  fewer; the gradient norms stay);
+- ``GradientFlow(every=1, optimizer=opt)``: the same, taken through the optimizer's step hooks, plus the update-to-
+  weight ratio (one copy of the parameters per step);
+- ``GradientFlow(every=4)``: as the first, recording every 4th step;
+- ``detect_anomaly``: the plain step inside ``torch.autograd.detect_anomaly()``.
+
+After warm-up steps, the rows are timed round-robin, one step each per round (so a slow patch of the shared machine
+hits them alike), with ``time.perf_counter``; the median over the rounds is reported with mean, min and max, and the
+overhead is ``median / median(plain) - 1``. The GradientFlow rows include their periodic buffer read-outs (every 32
+steps). Target: GradientFlow overhead under 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+import hookviz
+from hookviz.flow import GradientFlow
+
+SEED = 0
+ROWS = (
+    "plain",
+    "GradientFlow(every=1)",
+    "GradientFlow(every=1, abs_stats=False)",
+    "GradientFlow(every=1, optimizer=opt)",
+    "GradientFlow(every=4)",
+    "detect_anomaly",
+)
+
+
+def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, flow: GradientFlow | None, anomaly: bool):
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        if anomaly:
+            with torch.autograd.detect_anomaly():
+                F.cross_entropy(model(x), y).backward()
+        else:
+            F.cross_entropy(model(x), y).backward()
+        if flow is not None and flow.optimizer is None:
+            flow.step()
+        opt.step()
+        return time.perf_counter() - start
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed rounds (one step per row each)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--out", type=Path, default=None, help="write the timings as JSON here")
+    parser.add_argument("--rows", nargs="*", default=None, help="row names to run (default: all); plain always runs")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", message=".*[Aa]nomaly [Dd]etection.*")
+
+    torch.manual_seed(SEED)
+    base = torchvision.models.resnet18(weights=None, num_classes=10).train()
+    gen = torch.Generator().manual_seed(SEED)
+    batches = [
+        (
+            torch.randn(args.batch, 3, args.size, args.size, generator=gen),
+            torch.randint(0, 10, (args.batch,), generator=gen),
+        )
+        for _ in range(4)
+    ]
+
+    rows: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {}
+    flows: list[GradientFlow] = []
+    for name in ROWS:
+        if args.rows and name != "plain" and name not in args.rows:
+            continue
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        flow = None
+        if name.startswith("GradientFlow"):
+            every = 4 if "every=4" in name else 1
+            flow = GradientFlow(
+                model,
+                every=every,
+                optimizer=opt if "optimizer" in name else None,
+                abs_stats="abs_stats=False" not in name,
+                on_alarm="log",
+            )
+            flow.start()
+            flows.append(flow)
+        rows[name] = make_step(model, opt, flow, anomaly=name == "detect_anomaly")
+
+    for i in range(args.warmup):
+        for step in rows.values():
+            step(*batches[i % len(batches)])
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for i in range(args.steps):
+        x, y = batches[i % len(batches)]
+        for name, step in rows.items():
+            times[name].append(step(x, y) * 1e3)
+    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    read_ms = []
+    for flow in flows:
+        start = time.perf_counter()
+        stats = flow.read()
+        read_ms.append((time.perf_counter() - start) * 1e3)
+        flow.stop()
+        expected = len(range(0, args.warmup + args.steps, flow.every))
+        if len(stats.steps) != expected or flow.alarms:  # the monitor really ran, and found nothing wrong
+            raise SystemExit(f"{flow!r}: {len(stats.steps)} recorded steps (expected {expected}), alarms {flow.alarms}")
+
+    floor = statistics.median(times["plain"])
+    print(
+        f"resnet18 training step, CPU, batch {args.batch}, {args.size}x{args.size}, SGD; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch threads (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}), "
+        f"{os.cpu_count()} CPUs; median of {args.steps} round-robin steps after {args.warmup} warm-up rounds; "
+        f"load average {load_start} -> {load_end}"
+    )
+    print(f"{'row':40s} {'median ms':>10s} {'mean':>8s} {'min':>8s} {'max':>8s} {'overhead':>9s}")
+    result = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        over = med / floor - 1
+        print(f"{name:40s} {med:10.1f} {statistics.mean(ts):8.1f} {min(ts):8.1f} {max(ts):8.1f} {100 * over:8.1f}%")
+        result.append(
+            {
+                "row": name,
+                "median_ms": med,
+                "mean_ms": statistics.mean(ts),
+                "min_ms": min(ts),
+                "max_ms": max(ts),
+                "overhead": over,
+                "times_ms": ts,
+            }
+        )
+    print(f"GradientFlow.read() after {args.warmup + args.steps} steps: " + ", ".join(f"{t:.1f} ms" for t in read_ms))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps(
+                {
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "platform": platform.platform(),
+                    "torch": torch.__version__,
+                    "torchvision": torchvision.__version__,
+                    "hookviz": hookviz.__version__,
+                    "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                    "batch": args.batch,
+                    "size": args.size,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "load_average": [load_start, load_end],
+                    "read_ms": read_ms,
+                    "rows": result,
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,686 @@
+"""GradientFlow: statistics against hand-computed values, accumulation, GradScaler, NaN localisation against
+detect_anomaly, alarms in every reporting mode, plots, report, exports, hook removal."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import inspect
+import json
+import logging
+import math
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import nn
+
+import hookviz.flow as flow_module
+from hookviz import hook_counts
+from hookviz.flow import Alarm, Alarms, FlowReport, GradientFlow, GradientFlowError, GradientFlowWarning
+
+
+class Hand(nn.Module):
+    """fc (3 -> 2) -> relu -> head (2 -> 1), hand-set so that every statistic is computed by hand below.
+
+    x = [[1, 2, 3], [3, 2, 1]]; fc(x) = [[-2, -6], [2, -2]]; relu = [[0, 0], [2, 0]] (unit 1 dead for the batch);
+    head = [[0], [2]]; loss = head.sum() = 2. Gradients: head.weight [2, 0], head.bias [2]; at relu's output [1, 2]
+    per sample; at fc's output [[0, 0], [1, 0]]; fc.weight [[3, 2, 1], [0, 0, 0]], fc.bias [1, 0].
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.relu = nn.ReLU()
+        self.head = nn.Linear(2, 1)
+        self.unused = nn.Linear(2, 2)  # never called: its parameters never get a gradient
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.tensor([[1.0, 0, -1], [2, 1, 0]]))
+            self.fc.bias.copy_(torch.tensor([0.0, -10]))
+            self.head.weight.copy_(torch.tensor([[1.0, 2]]))
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.relu(self.fc(x)))
+
+
+X = torch.tensor([[1.0, 2, 3], [3, 2, 1]])
+S14, S15 = math.sqrt(14), math.sqrt(15)
+
+
+def no_hooks(model: nn.Module) -> bool:
+    return all(v == 0 for v in hook_counts(model).values())
+
+
+def train(model, flow=None, opt=None, steps=1, micro=1, x=X, loss_fn=None, scaler=None):
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        for _ in range(micro):
+            loss = model(x).sum() if loss_fn is None else loss_fn(model(x))
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        if flow is not None and flow.optimizer is None:
+            flow.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+    return opt
+
+
+def close(a, b) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-7)
+
+
+# -- statistics against hand-computed values -----------------------------------------------------------------------
+def test_statistics_match_hand_computed_values() -> None:
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+        train(model, opt=opt)
+    s = flow.read()
+    assert s.steps.tolist() == [0]
+    assert s.modules == ["fc", "relu", "head", "unused"]
+    p = {name: {stat: s.param(name, stat)[0] for stat in s.param_stats} for name in s.params}
+    assert close(p["fc.weight"]["grad_norm"], S14) and close(p["fc.weight"]["grad_mean_abs"], 1.0)
+    assert close(p["fc.weight"]["grad_max_abs"], 3.0)
+    assert close(p["fc.bias"]["grad_norm"], 1.0) and close(p["fc.bias"]["grad_mean_abs"], 0.5)
+    assert close(p["head.weight"]["grad_norm"], 2.0) and close(p["head.weight"]["grad_max_abs"], 2.0)
+    assert close(p["head.bias"]["grad_mean_abs"], 2.0)
+    # update ratio ||lr * g|| / ||w_before||; zero weights (head.bias) have none
+    assert close(p["fc.weight"]["update_ratio"], 0.1 * S14 / math.sqrt(7))
+    assert close(p["fc.bias"]["update_ratio"], 0.1 * 1 / 10)
+    assert close(p["head.weight"]["update_ratio"], 0.1 * 2 / math.sqrt(5))
+    assert math.isnan(p["head.bias"]["update_ratio"])
+    assert not s.param_has_grad[0, s.params.index("unused.weight")]
+    m = {name: {stat: s.module(name, stat)[0] for stat in s.module_stats} for name in s.modules}
+    assert close(m["fc"]["grad_norm"], S15) and close(m["fc"]["grad_mean_abs"], 7 / 8)
+    assert close(m["fc"]["grad_max_abs"], 3.0)
+    assert close(m["fc"]["update_ratio"], 0.1 * S15 / math.sqrt(107))
+    assert close(m["head"]["grad_norm"], math.sqrt(8)) and close(m["head"]["grad_mean_abs"], 4 / 3)
+    assert close(m["head"]["update_ratio"], 0.1 * math.sqrt(8) / math.sqrt(5))
+    # module outputs: activation norms, gradients w.r.t. them, dead units
+    assert close(m["fc"]["act_norm"], math.sqrt(48)) and close(m["relu"]["act_norm"], 2.0)
+    assert close(m["head"]["act_norm"], 2.0)
+    assert close(m["head"]["out_grad_norm"], math.sqrt(2)) and close(m["relu"]["out_grad_norm"], math.sqrt(10))
+    assert close(m["fc"]["out_grad_norm"], 1.0)
+    assert close(m["relu"]["dead_fraction"], 0.5) and math.isnan(m["fc"]["dead_fraction"])
+    assert not s.module_has_grad[0, s.modules.index("unused")]
+    assert math.isnan(m["unused"]["grad_norm"]) and math.isnan(m["relu"]["grad_norm"])
+    assert close(s.total_grad_norm[0], math.sqrt(15 + 8))
+    assert no_hooks(model)
+
+
+def test_fused_and_cpu_statistics_kernels_agree() -> None:
+    g = torch.Generator().manual_seed(0)
+    grads = [
+        torch.randn(5, 7, generator=g),
+        torch.randn(3, generator=g).double() * 100,
+        torch.zeros(4),
+        torch.randn(2, 2, 2, generator=g).to(torch.bfloat16),
+        torch.randn(6, generator=g)[::2],  # not contiguous
+    ]
+    expected = [
+        torch.stack([t.double().norm() for t in grads]).float(),
+        torch.stack([t.double().abs().sum() for t in grads]).float(),
+        torch.stack([t.double().abs().max() for t in grads]).float(),
+    ]
+    for fused in (False, True):
+        got = flow_module._grad_stats(grads, torch.device("cpu"), flow_module._Scratch(), fused=fused)
+        for value, ref in zip(got, expected, strict=True):
+            assert value.dtype == torch.float32
+            torch.testing.assert_close(value, ref, rtol=1e-2, atol=1e-6)  # bfloat16 values are summed in float32
+
+
+def test_without_optimizer_no_update_ratio_and_manual_steps() -> None:
+    model = Hand()
+    with GradientFlow(model, alarms=False) as flow:
+        train(model, flow=flow, steps=2)
+    s = flow.read()
+    assert s.steps.tolist() == [0, 1] and flow.steps_taken == 2
+    assert np.isnan(s.param_stats["update_ratio"]).all()
+    assert close(s.param("fc.weight")[0], S14)
+
+
+def test_abs_stats_off_records_norms_only() -> None:
+    model = Hand()
+    with GradientFlow(model, abs_stats=False, alarms=False) as flow:
+        train(model, flow=flow)
+    s = flow.read()
+    assert close(s.param("fc.weight")[0], S14) and close(s.module("fc")[0], S15)
+    assert not s.param_present["grad_mean_abs"].any() and not s.module_present["grad_max_abs"].any()
+    assert np.isnan(s.module("fc", "grad_max_abs")).all()
+    assert {r["module"]: r["status"] for r in s.report().rows}["fc"] == ""  # missing, not NaN
+    assert {stat for _, _, _, stat, _ in s.records()} == {"grad_norm", "act_norm", "out_grad_norm", "dead_fraction"}
+    with pytest.raises(ValueError, match=r"mean and max \|grad\| were not recorded \(GradientFlow\(abs_stats=False"):
+        s.plot_bars()
+
+
+def test_every_records_every_nth_step_and_reads_out_only_when_full() -> None:
+    model = Hand()
+    flow = GradientFlow(model, every=2, buffer_steps=4, alarms=False).start()
+    train(model, flow=flow, steps=1)
+    assert flow._slot == 1 and flow._chunks == []  # on device, nothing read back yet
+    train(model, flow=flow, steps=5)
+    assert flow._slot == 3 and flow._chunks == []  # steps 0, 2, 4
+    train(model, flow=flow, steps=2)
+    assert len(flow._chunks) == 1 and flow._slot == 0  # step 6 filled the buffer: read out in one transfer
+    train(model, flow=flow, steps=2)
+    flow.stop()
+    assert flow.read().steps.tolist() == [0, 2, 4, 6, 8]
+
+
+def test_keep_bounds_the_host_history() -> None:
+    model = Hand()
+    with GradientFlow(model, buffer_steps=2, keep=3, alarms=False) as flow:
+        train(model, flow=flow, steps=6)
+    s = flow.read()
+    assert s.steps.tolist() == [3, 4, 5] and s.param_stats["grad_norm"].shape == (3, 6)
+    with pytest.raises(ValueError, match="keep must be a positive int or None"):
+        GradientFlow(model, keep=0)
+
+
+def test_gradient_accumulation_with_the_optimizer() -> None:
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: every step sees the same gradients
+    with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+        train(model, opt=opt, steps=3, micro=2)
+    s = flow.read()
+    assert s.steps.tolist() == [0, 1, 2]  # one row per optimizer step, not per micro-step
+    assert all(close(v, 2 * S14) for v in s.param("fc.weight"))  # gradients summed over the micro-steps
+    assert all(close(v, 2.0) for v in s.module("head", "out_grad_norm"))  # sqrt(2 + 2)
+    assert all(close(v, 2.0) for v in s.module("relu", "act_norm"))  # mean over the micro-steps
+    assert all(close(v, 0.0) for v in s.param("fc.weight", "update_ratio"))
+
+
+@pytest.mark.parametrize("mode", ["optimizer", "before-unscale", "after-unscale"])
+def test_grad_scaler_statistics_are_unscaled(mode: str) -> None:
+    if not hasattr(torch.amp, "GradScaler"):
+        pytest.skip("torch.amp.GradScaler not available")
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    flow = GradientFlow(model, optimizer=opt if mode == "optimizer" else None, scaler=scaler, alarms=False).start()
+    for _ in range(2):
+        opt.zero_grad()
+        scaler.scale(model(X).sum()).backward()
+        if mode == "before-unscale":
+            flow.step()
+        scaler.unscale_(opt)
+        if mode == "after-unscale":
+            flow.step()
+        scaler.step(opt)
+        scaler.update()
+    flow.stop()
+    s = flow.read()
+    assert s.steps.tolist() == [0, 1]
+    assert close(s.param("fc.weight")[0], S14) and close(s.param("fc.weight", "grad_max_abs")[1], 3.0)
+    assert close(s.module("head", "out_grad_norm")[0], math.sqrt(2))
+    assert close(s.module("fc", "out_grad_norm")[1], 1.0)
+
+
+def test_low_precision_forward_under_autocast() -> None:
+    model = Hand()
+    ref = GradientFlow(model, alarms=False).start()
+    train(model, flow=ref, opt=torch.optim.SGD(model.parameters(), lr=0.0))
+    ref.stop()
+    with GradientFlow(model, alarms=False) as flow, torch.autocast("cpu", dtype=torch.bfloat16):
+        train(model, flow=flow, opt=torch.optim.SGD(model.parameters(), lr=0.0))
+    a, b = ref.read(), flow.read()
+    for stat in ("grad_norm", "act_norm", "out_grad_norm"):
+        np.testing.assert_allclose(b.module_stats[stat], a.module_stats[stat], rtol=0.05)
+
+
+# -- NaN / Inf localisation ------------------------------------------------------------------------------------------
+class Boom(nn.Module):
+    """Identity, unless armed: then the classic torch.where trap, finite forward, NaN gradient (from the sqrt)."""
+
+    armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed:
+            return torch.where(x > 1e9, torch.sqrt(-x.abs() - 1.0), x)
+        return x * 1.0
+
+
+class Planted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(4, 8)
+        self.act = nn.Tanh()
+        self.boom = Boom()
+        self.fc2 = nn.Linear(8, 8)
+        self.relu = nn.ReLU()
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.relu(self.fc2(self.boom(self.act(self.fc1(x))))))
+
+
+def planted_run(on_alarm, arm_at=3, steps=6, **kw):
+    model = Planted()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    flow = GradientFlow(model, optimizer=opt, on_alarm=on_alarm, **kw).start()
+    model.state_at_arm = None
+    try:
+        for step in range(steps):
+            model.boom.armed = step == arm_at
+            if step == arm_at:
+                model.state_at_arm = copy.deepcopy(model.state_dict())
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    finally:
+        model.boom.armed = False
+    return model, flow, x
+
+
+def test_nan_localised_in_the_planted_module_like_detect_anomaly() -> None:
+    found: list[Alarm] = []
+    model, flow, x = planted_run(found.append)
+    flow.stop()
+    nonfinite = [a for a in found if a.kind == "nonfinite"]
+    assert len(nonfinite) == 1
+    alarm = nonfinite[0]
+    assert alarm.step == 3 and alarm.name == "boom" and math.isnan(alarm.value)
+    assert re.search(
+        r"non-finite values \(nan\) at step 3: first produced in backward order by 'boom' \(Boom\)", alarm.message
+    )
+    assert "passed back to its input from 'act' was not" in alarm.message
+    # detect_anomaly raises on the same step, naming a backward node whose forward is Boom.forward
+    model.load_state_dict(model.state_at_arm)
+    model.boom.armed = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match=r"Function 'SqrtBackward0' returned nan values"):
+            with torch.autograd.detect_anomaly():
+                model(x).pow(2).mean().backward()
+    trace = next(str(w.message) for w in caught if "Traceback of forward call" in str(w.message))
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', trace)
+    file, line, func = frames[-1]  # the innermost frame: where the failing node was created
+    lines, start = inspect.getsourcelines(Boom.forward)
+    assert func == "forward" and file == inspect.getsourcefile(Boom)
+    assert start <= int(line) < start + len(lines)
+    assert no_hooks(model)
+
+
+def test_nan_raise_mode_stops_at_the_step() -> None:
+    with pytest.raises(GradientFlowError, match="at step 3: first produced in backward order by 'boom'") as info:
+        planted_run("raise", buffer_steps=1)
+    assert info.value.alarm.name == "boom" and info.value.alarm.step == 3
+
+
+class LogZero(nn.Module):
+    armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x * 0.0) if self.armed else x
+
+
+def test_forward_nan_named_where_it_first_appeared() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), LogZero(), nn.Linear(4, 1))
+    found: list[Alarm] = []
+    with GradientFlow(model, on_alarm=found.append, buffer_steps=1) as flow:
+        train(model, flow=flow, steps=1)
+        model[1].armed = True
+        train(model, flow=flow, steps=1)
+    assert [(a.kind, a.step, a.name) for a in found] == [("nonfinite", 1, "1")]
+    assert "forward pass produced them first in the output of '1' (LogZero)" in found[0].message
+    assert "its input from '0' was finite" in found[0].message
+
+
+def test_nan_from_the_loss_blames_code_after_the_model() -> None:
+    model = Hand()
+    found: list[Alarm] = []
+    with GradientFlow(model, on_alarm=found.append) as flow:
+        train(model, flow=flow, loss_fn=lambda out: torch.sqrt(out - out.detach() - 1.0).sum())
+    assert [(a.kind, a.name) for a in found] == [("nonfinite", "head")]
+    assert "already non-finite where it reached the output of 'head' (Linear)" in found[0].message
+    assert "by the loss" in found[0].message
+
+
+@pytest.mark.parametrize("needed", [1, 2])
+def test_nonfinite_steps_needs_consecutive_steps(needed: int) -> None:
+    model = Planted()
+    found: list[Alarm] = []
+    config = Alarms(nonfinite_steps=needed, vanishing=None, exploding=None, jump=None)
+    with GradientFlow(model, alarms=config, on_alarm=found.append) as flow:
+        for step in range(4):  # no optimizer step: the weights stay finite, one step is non-finite
+            model.boom.armed = step == 1
+            model.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            flow.step()
+    assert [(a.step, a.name) for a in found] == ([(1, "boom")] if needed == 1 else [])
+
+
+# -- alarms --------------------------------------------------------------------------------------------------------
+def scaled_loss(factors):
+    it = iter(factors)
+    return lambda out: out.sum() * next(it)
+
+
+def test_vanishing_after_n_consecutive_steps_once() -> None:
+    model = Hand()
+    found: list[Alarm] = []
+    flow = GradientFlow(
+        model,
+        alarms=Alarms(vanishing=1e-6, vanishing_steps=3, exploding=None, jump=None),
+        on_alarm=found.append,
+        buffer_steps=1,
+    ).start()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    train(model, flow=flow, opt=opt, steps=2, loss_fn=lambda out: out.sum() * 1e-9)
+    assert found == []
+    train(model, flow=flow, opt=opt, steps=3, loss_fn=lambda out: out.sum() * 1e-9)
+    flow.stop()
+    assert sorted((a.kind, a.step, a.name) for a in found) == [("vanishing", 2, "fc"), ("vanishing", 2, "head")]
+    assert "gradient norm below 1e-06 for 3 consecutive recorded steps" in found[0].message
+
+
+def test_exploding_threshold_and_jump() -> None:
+    model = Hand()
+    found: list[Alarm] = []
+    config = Alarms(vanishing=None, exploding=100.0, jump=10.0, window=5, min_history=3)
+    with GradientFlow(model, alarms=config, on_alarm=found.append) as flow:
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        train(model, flow=flow, opt=opt, steps=6, loss_fn=scaled_loss([1, 1, 1, 1, 20, 1000]))
+    kinds = [(a.kind, a.step, a.name) for a in found]
+    assert ("exploding", 4, "fc") in kinds and ("exploding", 4, "head") in kinds  # 20x the running median
+    jump = next(a for a in found if a.step == 4 and a.name == "fc")
+    assert "is 20.0x its running median 3.87 over the last 4 recorded steps (jump factor 10)" in jump.message
+    # step 5 is above the absolute threshold, but the alarm is still armed from step 4: it fires once per episode
+    assert not any(a.step == 5 for a in found)
+
+
+def test_exploding_absolute_threshold() -> None:
+    model = Hand()
+    found: list[Alarm] = []
+    with GradientFlow(model, alarms=Alarms(exploding=3.0, jump=None), on_alarm=found.append) as flow:
+        train(model, flow=flow)
+    assert [(a.kind, a.step, a.name) for a in found] == [("exploding", 0, "fc")]  # sqrt(15) > 3 > sqrt(8)
+    assert "gradient norm 3.87 above the threshold 3" in found[0].message
+
+
+def test_alarm_modes(caplog) -> None:
+    config = Alarms(exploding=3.0, jump=None)
+    model = Hand()
+    with pytest.warns(GradientFlowWarning, match="exploding gradient at step 0: 'fc' \\(Linear\\)"):
+        with GradientFlow(model, alarms=config, on_alarm="warn") as flow:
+            train(model, flow=flow)
+    model = Hand()
+    with caplog.at_level(logging.WARNING, logger="hookviz.flow"):
+        with GradientFlow(model, alarms=config, on_alarm="log") as flow:
+            train(model, flow=flow)
+    assert [(r.name, r.levelno) for r in caplog.records] == [("hookviz.flow", logging.WARNING)]
+    assert "exploding gradient" in caplog.records[0].getMessage()
+    model = Hand()
+    with pytest.raises(GradientFlowError, match="exploding gradient at step 0") as info:
+        with GradientFlow(model, alarms=config, on_alarm="raise") as flow:
+            train(model, flow=flow)
+    assert info.value.alarm.kind == "exploding"
+    assert no_hooks(model)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hookviz.flow"):
+        planted_run("log")[1].stop()
+    assert [r.levelno for r in caplog.records if "non-finite" in r.getMessage()] == [logging.ERROR]
+
+
+def test_alarm_not_raised_over_the_blocks_own_exception() -> None:
+    model = Hand()
+    with pytest.raises(KeyError, match="own"):
+        with GradientFlow(model, alarms=Alarms(exploding=3.0, jump=None), on_alarm="raise") as flow:
+            train(model, flow=flow)
+            raise KeyError("own")
+    assert [a.kind for a in flow.alarms] == ["exploding"] and no_hooks(model)
+
+
+# -- life cycle and arguments ----------------------------------------------------------------------------------------
+def test_hooks_removed_on_exit_and_on_error() -> None:
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientFlow(model, optimizer=opt) as flow:
+        assert hook_counts(model)["forward"] == 4 and hook_counts(model)["forward_pre"] == 1
+        assert len(opt._optimizer_step_pre_hooks) == 1 and len(opt._optimizer_step_post_hooks) == 1
+        train(model, opt=opt)
+    assert no_hooks(model) and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    with pytest.raises(ZeroDivisionError):
+        with GradientFlow(model, optimizer=opt):
+            model(X).sum().backward()
+            1 / 0  # noqa: B018
+    assert no_hooks(model) and not opt._optimizer_step_pre_hooks
+    flow = GradientFlow(model).start()
+    with pytest.raises(RuntimeError, match="already attached"):
+        flow.start()
+    flow.stop()
+    flow.stop()
+    with pytest.raises(RuntimeError, match="not attached: call start"):
+        flow.step()
+    assert no_hooks(model)
+
+
+def test_eval_and_no_grad_forwards_are_ignored() -> None:
+    model = Hand()
+    with GradientFlow(model, alarms=False) as flow:
+        with torch.no_grad():
+            model(X * 100)
+        model.eval()
+        model(X * 100)
+        model.train()
+        train(model, flow=flow)
+    assert close(flow.read().module("relu", "act_norm")[0], 2.0)
+
+
+def test_argument_errors() -> None:
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        GradientFlow(model, every=0)
+    with pytest.raises(ValueError, match="on_alarm must be 'warn', 'log', 'raise' or a callable"):
+        GradientFlow(model, on_alarm="shout")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="alarms must be an Alarms"):
+        GradientFlow(model, alarms="loud")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        GradientFlow(model, optimizer="sgd")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Alarms.jump must be > 1"):
+        Alarms(jump=0.5)
+    with pytest.raises(ValueError, match="Alarms.vanishing_steps must be a positive int"):
+        Alarms(vanishing_steps=0)
+    with pytest.raises(ValueError, match="'fcc' matches no module.*'fc'"):
+        GradientFlow(model, select="fcc")
+    flow = GradientFlow(model, optimizer=opt).start()
+    with pytest.raises(RuntimeError, match="takes its steps when its optimizer steps; do not call step"):
+        flow.step()
+    flow.stop()
+    assert no_hooks(model)
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3, 3)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.relu(self.fc1(x)) * 2.0 - 1.0))
+
+
+def test_module_called_twice_gets_per_call_columns() -> None:
+    model = Twice()
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        first = F.relu(model.fc1(x))
+        second = F.relu(first * 2.0 - 1.0)
+    with GradientFlow(model, alarms=False) as flow:
+        train(model, flow=flow, x=x)
+    s = flow.read()
+    assert s.modules == ["fc1", "relu", "relu#1", "fc2"]
+    assert s.module_types == ["Linear", "ReLU", "ReLU", "Linear"]
+    assert close(s.module("relu", "act_norm")[0], first.norm()) and close(
+        s.module("relu#1", "act_norm")[0], second.norm()
+    )
+    assert not s.module_has_grad[0, s.modules.index("relu#1")]  # parameters belong to the first key only
+
+
+def test_select_and_parameter_attribution() -> None:
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 4), nn.ReLU()), nn.Linear(4, 1))
+    flow = GradientFlow(model, select=lambda n, m: n in ("0", "1"))
+    assert flow.module_names == ["0", "1"]
+    assert flow.param_names == ["0.0.weight", "0.0.bias", "1.weight", "1.bias"]
+    assert flow._param_module == ["0", "0", "1", "1"]  # the deepest watched module that contains the parameter
+
+
+# -- plots, report, exports ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def stats():
+    model = Hand()
+    model.fc.bias.requires_grad_(False)  # frozen: never a gradient
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    with GradientFlow(model, optimizer=opt, alarms=Alarms(exploding=3.5, jump=None), on_alarm=lambda a: None) as flow:
+        train(model, opt=opt, steps=4)
+    return flow.read()
+
+
+def test_bar_chart_marks_parameters_without_gradients(stats) -> None:
+    fig = stats.plot_bars()
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4  # max and mean bars for fc and head; none for unused
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["fc", "head", "unused (no grad)"]
+    assert ax.get_yscale() == "log"
+    fig = stats.plot_bars(step=1, level="param")
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["fc.weight", "fc.bias (no grad)", "head.weight", "head.bias", "unused.weight (no grad)",
+                      "unused.bias (no grad)"]  # fmt: skip
+    assert len(fig.axes[0].patches) == 6
+
+
+def test_bar_chart_marks_nonfinite() -> None:
+    model, flow, _ = planted_run(lambda a: None, steps=4)
+    fig = flow.plot_bars(step=3)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert "fc1 (nan)" in labels and "out" in labels
+    flow.stop()
+
+
+def test_heatmap_and_norm_lines(stats) -> None:
+    fig = stats.plot_heatmap()
+    assert isinstance(fig, Figure) and len(fig.axes) == 2  # the map and its colour bar
+    image = fig.axes[0].get_images()[0]
+    assert image.get_array().shape == (len(stats.modules), 4)
+    fig = stats.plot_norms(["fc", "head"])
+    assert [line.get_label() for line in fig.axes[0].lines] == ["fc", "head"]
+    assert len(fig.axes[0].lines[0].get_xdata()) == 4
+    fig = stats.plot_norms(stat="update_ratio", level="param")
+    assert len(fig.axes[0].lines) == 6
+    from matplotlib.figure import Figure as F2
+
+    ax = F2().add_subplot()
+    assert stats.plot_heatmap("act_norm", ax=ax) is ax.figure
+    with pytest.raises(ValueError, match="stat must be one of"):
+        stats.plot_heatmap("grad")
+    with pytest.raises(KeyError, match="no module named 'fcc' was watched; closest: 'fc'"):
+        stats.plot_norms(["fcc"])
+    with pytest.raises(ValueError, match="step 7 was not recorded; recorded steps: 0, 1, 2, 3"):
+        stats.plot_bars(step=7)
+
+
+def test_nothing_recorded_yet() -> None:
+    flow = GradientFlow(Hand())
+    with pytest.raises(ValueError, match="nothing recorded yet"):
+        flow.plot_bars()
+
+
+def test_report_rows_and_html(stats) -> None:
+    report = stats.report()
+    assert isinstance(report, FlowReport) and report.step == 3 and report.steps_recorded == 4
+    rows = {r["module"]: r for r in report.rows}
+    assert rows["unused"]["status"] == "no grad" and rows["unused"]["grad_norm"] is None
+    assert rows["relu"]["params"] == 0 and rows["relu"]["grad_norm"] is None
+    assert rows["relu"]["dead_fraction"] is not None and rows["fc"]["params"] == 6 + 2
+    assert rows["fc"]["status"] == "" and stats.report(0).rows[0]["status"] == "exploding"  # the alarm's step
+    html = report._repr_html_()
+    assert html.startswith('<table class="hookviz-flow">') and "<td>unused</td>" in html and "no grad" in html
+    assert "GradientFlow at step 3 (4 steps recorded)" in html and "alarm(s)" in html
+    text = str(report)
+    assert text.splitlines()[0].startswith("GradientFlow at step 3") and "update/weight" in text
+    assert json.dumps(report.to_dict())  # plain data
+
+
+def test_csv_and_json(stats, tmp_path) -> None:
+    path = stats.to_csv(tmp_path / "flow.csv")
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0].keys() == {"step", "level", "name", "stat", "value"}
+    first = {(r["level"], r["name"], r["stat"]): float(r["value"]) for r in rows if r["step"] == "0"}
+    assert close(first[("param", "fc.weight", "grad_norm")], S14)
+    assert close(first[("module", "relu", "dead_fraction")], 0.5)
+    assert ("param", "fc.bias", "grad_norm") not in first  # no gradient: no row
+    data = json.loads(stats.to_json(tmp_path / "flow.json").read_text())
+    assert data["steps"] == [0, 1, 2, 3]
+    assert close(data["params"]["fc.weight"]["grad_norm"][0], S14)
+    assert data["params"]["fc.bias"]["grad_norm"] == [None] * 4
+    assert data["modules"]["relu"]["type"] == "ReLU" and data["alarms"][0]["kind"] == "exploding"
+
+
+def test_json_nonfinite_values(tmp_path) -> None:
+    _, flow, _ = planted_run(lambda a: None, steps=4)
+    flow.stop()
+    data = json.loads(flow.to_json(tmp_path / "f.json").read_text())
+    assert data["params"]["fc1.weight"]["grad_norm"][3] == "NaN"  # strict JSON: no bare NaN token
+    assert math.isnan(float(data["params"]["fc1.weight"]["grad_norm"][3]))
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.scalars: list[tuple[str, float, int]] = []
+        self.histograms: list[tuple[str, int]] = []
+
+    def add_scalar(self, tag, value, step) -> None:
+        self.scalars.append((tag, value, step))
+
+    def add_histogram(self, tag, values, step) -> None:
+        self.histograms.append((tag, step))
+
+
+def test_tensorboard_export_with_a_writer() -> None:
+    model = Hand()
+    writer = FakeWriter()
+    with GradientFlow(model, alarms=False) as flow:
+        train(model, flow=flow, steps=2)
+        assert flow.to_tensorboard(writer) is writer
+        scalars = {(t, s): v for t, v, s in writer.scalars}
+        assert close(scalars[("grad_norm/fc", 0)], S15) and ("dead_fraction/relu", 1) in scalars
+        assert ("grad_norm/total", 1) in scalars and ("grad_norm/unused", 0) not in scalars
+        assert sorted(writer.histograms) == [("grad/fc.bias", 1), ("grad/fc.weight", 1), ("grad/head.bias", 1),
+                                             ("grad/head.weight", 1)]  # fmt: skip
+        n = len(writer.scalars)
+        flow.to_tensorboard(writer, histograms=False)
+        assert len(writer.scalars) == n  # nothing new to write
+        train(model, flow=flow, steps=1)
+        flow.to_tensorboard(writer, histograms=False)
+        assert {s for _, _, s in writer.scalars[n:]} == {2}
+        flow.to_tensorboard(writer, step=100, histograms=False)
+        assert writer.scalars[-1][2] == 100
+    with pytest.raises(TypeError, match="writer must be a torch.utils.tensorboard.SummaryWriter"):
+        flow.to_tensorboard(object())
+
+
+def test_tensorboard_missing_package_message(tmp_path) -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorboard is installed")
+    flow = GradientFlow(Hand())
+    with pytest.raises(ImportError, match=r"needs the optional tensorboard package.*pip install tensorboard"):
+        flow.to_tensorboard(tmp_path / "runs")
