@@ -5,34 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
+# the 3-4-1 network of the hooks tutorial: fc1(ones) = [7, -13, 27, -29], output 89
+from test_hooks import SeedNet, no_hooks  # noqa: E402
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hookviz.record as record
 from hookviz import hook_counts
 from hookviz.record import ActivationRecorder, GradientRecorder, call_key
-
-
-def no_hooks(model: nn.Module) -> bool:
-    return all(v == 0 for v in hook_counts(model).values())
-
-
-class SeedNet(nn.Module):
-    """The 3-4-1 network of tests/test_hooks.py: fc1(ones) = [7, -13, 27, -29], output 89."""
-
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(3, 4)
-        self.relu1 = nn.ReLU(inplace=inplace)
-        self.fc2 = nn.Linear(4, 1)
-        with torch.no_grad():
-            self.fc1.weight.copy_(torch.tensor([[1.0, 2, 3], [-4, -5, -6], [7, 8, 9], [-10, -11, -12]]))
-            self.fc1.bias.copy_(torch.tensor([1.0, 2, 3, 4]))
-            self.fc2.weight.copy_(torch.tensor([[1.0, 2, 3, 4]]))
-            self.fc2.bias.copy_(torch.tensor([1.0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu1(self.fc1(x)))
 
 
 class Twice(nn.Module):
