@@ -27,6 +27,7 @@ QUICKSTART = [
         "`labels=weights` to get real maps with ImageNet class names."
     ),
     new_code_cell(
+        "%matplotlib inline\n"
         "from pathlib import Path\n\n"
         "import torch\n"
         "from torchvision import models\n\n"
@@ -72,6 +73,74 @@ QUICKSTART = [
 ]
 
 
+GRADIENT_FLOW = [
+    new_markdown_cell(
+        "# Watching gradient flow while a network trains\n\n"
+        "A small CNN learns a synthetic task for 300 steps. At step 200 we plant a problem: the learning rate jumps "
+        "500-fold, as a bad schedule would do. `GradientFlow` records per-layer gradient statistics on the device "
+        "every step, raises alarms, and names the step and the module where things went wrong."
+    ),
+    new_code_cell(
+        "%matplotlib inline\n"
+        "import warnings\n"
+        "from collections import OrderedDict\n\n"
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "from torch import nn\n\n"
+        "import hookviz as hv\n\n"
+        "torch.manual_seed(0)\n\n\n"
+        "def batch(n=32):\n"
+        "    # class = the quadrant that holds a faint blob, under noise, with 10% of the labels wrong\n"
+        "    x = torch.randn(n, 1, 16, 16)\n"
+        "    y = torch.randint(0, 4, (n,))\n"
+        "    for i, q in enumerate(y.tolist()):\n"
+        "        r, c = divmod(q, 2)\n"
+        "        x[i, 0, r * 8 + 2 : r * 8 + 6, c * 8 + 2 : c * 8 + 6] += 1.0\n"
+        "    flip = torch.rand(n) < 0.1\n"
+        "    y[flip] = torch.randint(0, 4, (int(flip.sum()),))\n"
+        "    return x, y\n\n\n"
+        "model = nn.Sequential(OrderedDict(\n"
+        "    conv1=nn.Conv2d(1, 8, 3, padding=1), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),\n"
+        "    conv2=nn.Conv2d(8, 16, 3, padding=1), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),\n"
+        "    flat=nn.Flatten(), fc1=nn.Linear(16 * 4 * 4, 32), relu3=nn.ReLU(), fc2=nn.Linear(32, 4),\n"
+        "))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)"
+    ),
+    new_markdown_cell("## Training, watched"),
+    new_code_cell(
+        "losses = []\n"
+        "flow = hv.GradientFlow(model, every=1, on_alarm='warn')\n"
+        "with warnings.catch_warnings(record=True) as caught, flow:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for step in range(300):\n"
+        "        if step == 200:\n"
+        "            for group in opt.param_groups:\n"
+        "                group['lr'] = 5.0  # the planted problem: 500 times the learning rate\n"
+        "        x, y = batch()\n"
+        "        loss = F.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        flow.step()\n"
+        "        opt.step()\n"
+        "        losses.append(loss.item())\n"
+        "print(f'loss at step 0: {losses[0]:.3f}, step 199: {losses[199]:.3f}, last: {losses[-1]}')"
+    ),
+    new_markdown_cell("## What GradientFlow says\n\nEvery alarm names its kind, the step and the module."),
+    new_code_cell(
+        "for alarm in flow.alarms[:8]:\n"
+        "    print(alarm.kind, 'at step', alarm.step, 'in', alarm.name)\n"
+        "first = min(flow.alarms, key=lambda a: a.step)\n"
+        "# the notebook is a test: the planted problem must be caught right after it was planted\n"
+        "assert 200 <= first.step <= 210, first\n"
+        "assert {a.kind for a in flow.alarms} & {'exploding', 'nonfinite'}"
+    ),
+    new_code_cell("flow.plot_heatmap()"),
+    new_code_cell("flow.plot_norms()"),
+    new_code_cell("flow.report(step=190)"),
+    new_code_cell("flow.plot_bars(step=190)"),
+]
+
+
 def write(name: str, cells: list) -> Path:
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -82,3 +151,4 @@ def write(name: str, cells: list) -> Path:
 
 if __name__ == "__main__":
     print(write("01_quickstart.ipynb", QUICKSTART))
+    print(write("02_gradient_flow.ipynb", GRADIENT_FLOW))
