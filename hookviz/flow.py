@@ -97,6 +97,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIVATIONS",
+    "FUSED_MIN_NUMEL",
     "Alarm",
     "Alarms",
     "FlowReport",
@@ -278,21 +279,41 @@ class _Scratch:
         self._buffers.clear()
 
 
+Kernel: TypeAlias = Literal["foreach", "eager", "compiled"]
+
+
 def _grad_stats(
-    grads: Sequence[Tensor], device: torch.device, scratch: _Scratch, fused: bool | None = None
+    grads: Sequence[Tensor], device: torch.device, scratch: _Scratch, kernel: Kernel | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(L2 norm, sum |g|, max |g|) of each gradient, as float32 vectors on `device`.
 
-    On accelerators: three multi-tensor norm kernels (orders 2, 1 and inf) per (device, dtype), no temporaries. On the
-    CPU, where the order-1 and inf norms are not vectorized (several times slower than a sum), each gradient is read
-    once into a reused |g| buffer and reduced three times while it is in cache.
+    Kernels: ``"foreach"``, three multi-tensor norm kernels (orders 2, 1 and inf) per (device, dtype), no temporaries
+    (the default on accelerators); ``"eager"``, for the CPU, where the order-1 and inf norms are not vectorized
+    (several times slower than a sum): each gradient is read once into a reused |g| buffer and reduced three times
+    while it is in cache; ``"compiled"``, the three reductions fused by ``torch.compile`` into one pass per gradient
+    (three times cheaper than ``"eager"`` on the CPU; compiled once per set of shapes).
     """
     grads = [_dense(g) for g in grads]
-    if fused is None:
-        fused = all(g.device.type != "cpu" for g in grads)
-    if fused:
+    if kernel is None:
+        kernel = "foreach" if all(g.device.type != "cpu" for g in grads) else "eager"
+    if kernel == "foreach":
         l2, l1, mx = _grouped_norms(grads, device, (2, 1, math.inf))
         return l2, l1, mx
+    if kernel == "compiled":
+        # small gradients (biases, norm layers) through the multi-tensor kernels: calling compiled code costs a few
+        # microseconds per argument, more than reducing a few hundred values
+        big = [i for i, g in enumerate(grads) if g.numel() >= _COMPILED_MIN_NUMEL]
+        rows = _compiled_stats()([grads[i].reshape(-1) for i in big]) if big else None
+        if len(big) == len(grads):
+            rows = rows.to(device, torch.float32, non_blocking=True)  # type: ignore[union-attr]
+            return rows[0], rows[1], rows[2]
+        chosen = set(big)
+        small = [i for i in range(len(grads)) if i not in chosen]
+        out = torch.empty((3, len(grads)), dtype=torch.float32, device=device)
+        out[:, small] = torch.stack(_grouped_norms([grads[i] for i in small], device, (2, 1, math.inf)))
+        if rows is not None:
+            out[:, big] = rows.to(device, torch.float32, non_blocking=True)
+        return out[0], out[1], out[2]
     l2s, l1s, mxs = [], [], []
     for g in grads:
         if g.numel() == 0:
@@ -304,6 +325,59 @@ def _grad_stats(
     if len({(g.device, g.dtype) for g in grads}) > 1:
         l2s, l1s, mxs = ([t.to(device, torch.float32, non_blocking=True) for t in ts] for ts in (l2s, l1s, mxs))
     return tuple(torch.stack(ts).to(device, torch.float32, non_blocking=True) for ts in (l2s, l1s, mxs))  # type: ignore[return-value]
+
+
+def _stats_rows(grads: list[Tensor]) -> Tensor:
+    """(3, P) float32: L2 norm, sum |g| and max |g| of each 1-D gradient. Written for ``torch.compile``, which fuses the
+    three reductions of a gradient into one vectorized pass (in eager mode each would be a pass of its own)."""
+    rows = []
+    for g in grads:
+        g = g.float()
+        a = g.abs()
+        rows.append(torch.stack([torch.sqrt((g * g).sum()), a.sum(), a.amax()]))
+    return torch.stack(rows, dim=1)
+
+
+_COMPILED: dict[str, Callable[[list[Tensor]], Tensor]] = {}
+
+
+def _compiled_stats() -> Callable[[list[Tensor]], Tensor]:
+    """The compiled `_stats_rows`, shared by every GradientFlow (dynamo recompiles it per distinct list of shapes)."""
+    fn = _COMPILED.get("stats")
+    if fn is None:
+        fn = _COMPILED["stats"] = torch.compile(_stats_rows, dynamic=False, fullgraph=True)
+    return fn
+
+
+_COMPILED_MIN_NUMEL = 1 << 13  # smaller gradients skip the compiled kernel
+
+#: Watched parameters on the CPU holding at least this many elements get the compiled kernel by default: below it the
+#: eager kernels take well under a millisecond, less than a compilation is worth.
+FUSED_MIN_NUMEL = 1 << 20
+
+
+_ROW_MIN = 64  # entries per (sample, channel) row from which per-row norms beat one reduction over the whole tensor
+
+
+def _row_norms(t: Tensor) -> Tensor | None:
+    """Float32 L2 norms of the (sample, channel) rows of a contiguous (N, C, ...) tensor with long rows, else None.
+
+    On the CPU a reduction along contiguous rows is about twice as fast as one over the whole tensor, and the rows
+    serve twice: the norm of the row norms is the tensor's norm, and a channel whose rows are all 0 is a dead unit."""
+    if t.dim() < 3 or t.numel() == 0 or not t.is_contiguous():
+        return None
+    n, c = t.shape[0], t.shape[1]
+    if t.numel() < _ROW_MIN * n * c:
+        return None
+    rows = torch.linalg.vector_norm(t.view(n * c, -1), dim=1, dtype=_acc(t.dtype))
+    return rows if rows.dtype == torch.float32 else rows.float()
+
+
+def _out_norm(t: Tensor, rows: Tensor | None = None) -> Tensor:
+    """L2 norm of a module output or of the gradient w.r.t. one, as a float32 0-d tensor (see `_row_norms`)."""
+    if rows is None:
+        rows = _row_norms(t)
+    return _norm32(t) if rows is None else torch.linalg.vector_norm(rows)
 
 
 def _unit_sums(out: Tensor, unit_dim: int) -> Tensor:
@@ -380,8 +454,21 @@ class GradientFlow:
             non-finite values, warning otherwise), ``"raise"`` (a `GradientFlowError`), or a callable taking the
             `Alarm`. Every alarm is also kept in `alarms`.
         update_ratio: record update-to-weight ratios when `optimizer` is given.
+        output_stats: which module outputs are observed at every recorded step (their norm, the norm of the gradient
+            w.r.t. them, dead units). ``"parameter-free"`` (default): the watched modules without trainable
+            parameters (activations, pooling, custom parameter-free layers), the cheap setting; a module with
+            trainable parameters is watched through them (its parameters' gradients are non-finite exactly when the
+            gradient at its output is, which is all the NaN localisation needs from it). ``"all"``: every watched
+            module, for activation and output-gradient norms of every layer and the exact module of a forward NaN
+            (each output and each gradient w.r.t. one costs a pass).
         abs_stats: record mean and max |grad| per parameter (the classic bar chart). False skips the two extra passes
             over every gradient they take (the gradient norm stays): the cheapest setting to leave on.
+        fused_stats: compute the per-parameter statistics (norm, mean and max |grad|) in one fused pass per gradient,
+            compiled with ``torch.compile``. None (default): on the CPU when the watched parameters hold at least
+            `FUSED_MIN_NUMEL` elements (there it is about three times cheaper than the eager kernels; the first
+            recorded step pays a one-off compilation of some seconds); on accelerators the eager multi-tensor kernels
+            are used. False: never. If compilation fails (no C++ compiler), a warning says so and the eager kernels
+            are used.
         buffer_steps: rows of the on-device buffer; it is read out (one sync) when full.
         keep: keep at most this many recorded steps on the host (the oldest are dropped, after the alarms have seen
             them); None keeps all. A recorded step takes ``4 * (5 * parameters + 3 * module calls)`` bytes (about
@@ -405,6 +492,8 @@ class GradientFlow:
         on_alarm: OnAlarm = "warn",
         update_ratio: bool = True,
         abs_stats: bool = True,
+        output_stats: Literal["parameter-free", "all"] = "parameter-free",
+        fused_stats: bool | None = None,
         buffer_steps: int = 32,
         keep: int | None = None,
         unit_dim: int = 1,
@@ -428,6 +517,10 @@ class GradientFlow:
             raise TypeError(f"alarms must be an Alarms, True, False or None, got {type(alarms).__name__}")
         if not (on_alarm in ("warn", "log", "raise") or callable(on_alarm)):
             raise ValueError(f"on_alarm must be 'warn', 'log', 'raise' or a callable taking an Alarm, got {on_alarm!r}")
+        if output_stats not in ("parameter-free", "all"):
+            raise ValueError(f"output_stats must be 'parameter-free' or 'all', got {output_stats!r}")
+        if fused_stats not in (None, True, False):
+            raise TypeError(f"fused_stats must be None (automatic), True or False, got {fused_stats!r}")
         if not isinstance(buffer_steps, int) or buffer_steps < 1:
             raise ValueError(f"buffer_steps must be a positive int, got {buffer_steps!r}")
         if keep is not None and (not isinstance(keep, int) or keep < 1):
@@ -443,6 +536,9 @@ class GradientFlow:
         self.on_alarm = on_alarm
         self.update_ratio = bool(update_ratio) and optimizer is not None
         self.abs_stats = bool(abs_stats)
+        self.fused_stats = fused_stats
+        self.output_stats = output_stats
+        self._compile_failed = False
         self.buffer_steps = buffer_steps
         self.keep = keep
         self.unit_dim = unit_dim
@@ -469,9 +565,15 @@ class GradientFlow:
         for i, m in enumerate(self._param_module):
             self._params_of.setdefault(m, []).append(i)
         self._device = self._params[0].device if self._params else torch.device("cpu")
+        if output_stats == "all":
+            self._probes = self._watched
+        else:
+            trainable = {self._param_module[i] for i, p in enumerate(self._params) if p.requires_grad}
+            self._probes = frozenset(n for n in self.module_names if n not in trainable)
 
         # hooks
         self._hooks: HookManager | None = None
+        self._learn_hooks: HookManager | None = None  # the modules that are not probes, while the graph is learnt
         self._tensor_hooks: HookManager | None = None
         self._opt_handles: list[Any] = []
         # per-step host state (no tensors read back)
@@ -483,6 +585,7 @@ class GradientFlow:
         self._calls = _CallCounter()
         self._producer: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._inputs_of: dict[str, set[str]] = {}
+        self._graph_order: dict[str, None] = {}  # every watched call key, in forward order (learnt with the edges)
         self._fwd: list[tuple[str, Tensor]] = []
         self._dead: list[tuple[str, Tensor]] = []
         self._grads: list[tuple[str, Tensor]] = []
@@ -528,13 +631,19 @@ class GradientFlow:
         hooks = HookManager(self.model)
         try:
             hooks.forward_pre(self.model, self._on_model_forward)
-            hooks.forward(lambda n, m: n in self._watched, self._on_forward, with_name=True)
+            if self._probes:
+                hooks.forward(lambda n, m: n in self._probes, self._on_forward, with_name=True)
+            if self._edge_forwards < _EDGE_FORWARDS and self._probes != self._watched:
+                learn = self._learn_hooks = HookManager(self.model)
+                others = self._watched - self._probes
+                learn.forward(lambda n, m: n in others, self._on_forward, with_name=True)
             if self.optimizer is not None:
                 # optimizer hooks are not module hooks: kept here, removed with the rest in stop()
                 self._opt_handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
                 self._opt_handles.append(self.optimizer.register_step_post_hook(self._post_step))
         except BaseException:
             hooks.remove()
+            self._remove_learn_hooks()
             self._remove_optimizer_hooks()
             raise
         self._hooks = hooks
@@ -548,6 +657,7 @@ class GradientFlow:
             for manager in (self._tensor_hooks, self._hooks):
                 if manager is not None:
                     manager.remove()
+            self._remove_learn_hooks()
             self._remove_optimizer_hooks()
         finally:
             self._hooks = self._tensor_hooks = None
@@ -556,6 +666,11 @@ class GradientFlow:
             self._snaps.clear()  # the parameter copies and scratch space are only needed while attached
             self._scratch.clear()
         self._flush()
+
+    def _remove_learn_hooks(self) -> None:
+        learn, self._learn_hooks = self._learn_hooks, None
+        if learn is not None:
+            learn.remove()
 
     def _remove_optimizer_hooks(self) -> None:
         try:
@@ -624,6 +739,8 @@ class GradientFlow:
         self._track_edges = self._live and self._edge_forwards < _EDGE_FORWARDS
         if self._track_edges:
             self._edge_forwards += 1
+        elif self._live and self._learn_hooks is not None:
+            self._remove_learn_hooks()  # the graph is known: from now on only the probes run a hook
 
     def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         if not self._live:
@@ -640,17 +757,25 @@ class GradientFlow:
                     if src is not None and src != key:
                         self._inputs_of.setdefault(key, set()).add(src)
             producer[out] = key
+            self._graph_order.setdefault(key, None)
+        if name not in self._probes:
+            return
         value = out.detach()
-        self._fwd.append((key, _norm32(value)))
+        rows = _row_norms(value)
+        self._fwd.append((key, _out_norm(value, rows)))
         if key not in self._fwd_order:
             self._fwd_order[key] = None
         if name in self._relu_like:
-            self._dead.append((key, _unit_sums(value, self.unit_dim)))
+            if rows is not None and self.unit_dim % value.dim() == 1:  # per-channel units: dead when all rows are 0
+                units = rows.view(value.shape[0], value.shape[1]).amax(0)
+            else:
+                units = _unit_sums(value, self.unit_dim)
+            self._dead.append((key, units))
         if out.requires_grad and self._tensor_hooks is not None:
             self._tensor_hooks.tensor(out, partial(self._on_grad, key))
 
     def _on_grad(self, key: str, grad: Tensor) -> None:
-        self._grads.append((key, _norm32(grad)))
+        self._grads.append((key, _out_norm(grad)))
         if key not in self._bwd_order:
             self._bwd_order[key] = None
 
@@ -688,7 +813,7 @@ class GradientFlow:
                 idx = self._index(("params", tuple(present)), present)
                 grads = [self._params[i].grad for i in present]
                 if self.abs_stats:
-                    stats = list(_grad_stats(grads, dev, self._scratch))  # type: ignore[arg-type]
+                    stats = list(self._param_stats(present, grads, dev))  # type: ignore[arg-type]
                 else:
                     stats = [_norms([_dense(g) for g in grads], dev)]  # type: ignore[arg-type]
                 scale = self._scale() if self._param_grads_scaled() else None
@@ -713,6 +838,32 @@ class GradientFlow:
         fwd, bwd = tuple(self._fwd_order), tuple(self._bwd_order)
         self._row_fwd[self._slot] = self._orders.setdefault(fwd, fwd)
         self._row_bwd[self._slot] = self._orders.setdefault(bwd, bwd)
+
+    def _param_stats(self, present: list[int], grads: list[Tensor], dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        kernel: Kernel | None = None
+        if self.fused_stats is not False and not self._compile_failed:
+            if self.fused_stats:
+                kernel = "compiled"
+            else:
+                key = ("kernel", tuple(present))
+                kernel = self._cache.get(key)
+                if key not in self._cache:
+                    on_cpu = all(g.device.type == "cpu" for g in grads)
+                    kernel = "compiled" if on_cpu and sum(g.numel() for g in grads) >= FUSED_MIN_NUMEL else None
+                    self._cache_put(key, kernel)
+        if kernel == "compiled":
+            try:
+                return _grad_stats(grads, dev, self._scratch, "compiled")
+            except Exception as err:  # no C++ compiler, an unsupported platform: the eager kernels still work
+                self._compile_failed = True
+                warnings.warn(
+                    f"GradientFlow: compiling the fused statistics kernel failed ({type(err).__name__}: "
+                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); using the eager kernels "
+                    "(slower on the CPU). Pass fused_stats=False to skip the attempt.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return _grad_stats(grads, dev, self._scratch)
 
     def _combine(self, tag: str, keys: tuple[str, ...], vals: Tensor, offset: int, row: Tensor) -> None:
         """Write per-key values into the row; a key seen several times in a step (gradient accumulation) gets the root
@@ -930,22 +1081,25 @@ class GradientFlow:
         present = l2 != _MISSING
         modules = [m for m in self.module_names if m in self._params_of]
         norms = _module_norms(l2, present, [self._params_of[m] for m in modules])
-        found: list[Alarm] = []
-        for r, step in enumerate(chunk.steps.tolist()):
-            row_norms = norms[r]
-            nonfinite = config.nonfinite and self._nonfinite_row(layout, data[r], present[r])
-            if nonfinite:
-                self._nonfinite_run += 1
-                if self._nonfinite_run == config.nonfinite_steps:
-                    found.append(self._nonfinite_alarm(chunk, r, step))
-            else:
-                self._nonfinite_run = 0
+        steps = chunk.steps.tolist()
+        found: list[tuple[int, int, Alarm]] = []  # (row, -1 or module index, alarm): emitted in row, then model order
+        if config.nonfinite:
+            # one vectorized screen: only chunks with a non-finite value go through the rows one by one
+            suspect = not np.isfinite(data).all() or self._nonfinite_run > 0
+            for r, step in enumerate(steps):
+                if suspect and self._nonfinite_row(layout, data[r], present[r]):
+                    self._nonfinite_run += 1
+                    if self._nonfinite_run == config.nonfinite_steps:
+                        found.append((r, -1, self._nonfinite_alarm(chunk, r, step)))
+                else:
+                    self._nonfinite_run = 0
+        if not self._quiet_chunk(config, modules, norms):
             for j, name in enumerate(modules):
-                v = float(row_norms[j])
-                if math.isnan(v) and not present[r][self._params_of[name]].any():
-                    continue  # no gradient at this step
-                found.extend(self._norm_alarms(config, name, step, v))
-        for alarm in found:
+                has = present[:, self._params_of[name]].any(1)
+                for r, alarm in self._norm_alarms(config, name, steps, norms[:, j], has):
+                    found.append((r, j, alarm))
+        found.sort(key=lambda item: (item[0], item[1]))
+        for _, _, alarm in found:
             self._emit(alarm)
 
     def _nonfinite_row(self, layout: _Layout, row: np.ndarray, present: np.ndarray) -> bool:
@@ -956,47 +1110,104 @@ class GradientFlow:
         keys = row[5 * layout.n_params :]
         return not np.isfinite(keys).all()
 
-    def _norm_alarms(self, config: Alarms, name: str, step: int, v: float) -> list[Alarm]:
-        out: list[Alarm] = []
-        if not _finite(v):
+    def _quiet_chunk(self, config: Alarms, modules: list[str], norms: np.ndarray) -> bool:
+        """The common case, tested for all modules at once: every norm finite, no alarm armed or due, full jump
+        windows. Then only the histories move on (True); otherwise (False) `_norm_alarms` goes module by module."""
+        if not modules or norms.size == 0 or not np.isfinite(norms).all():
+            return False
+        if self._vanish_fired or self._explode_fired or any(self._vanish_run.values()):
+            return False
+        if config.vanishing is not None and norms.min() < config.vanishing:
+            return False
+        if config.exploding is not None and norms.max() > config.exploding:
+            return False
+        histories = [self._explode_hist.get(name) for name in modules]
+        if config.jump is not None:
+            if any(h is None or len(h) < config.window for h in histories):
+                return False
+            seq = np.concatenate([np.asarray(histories, dtype=np.float64).T, norms.astype(np.float64)])  # (W + S, M)
+            windows = np.lib.stride_tricks.sliding_window_view(seq, config.window, axis=0)[: len(norms)]  # (S, M, W)
+            medians = np.median(windows, axis=2)
+            if ((medians > 0) & (norms > config.jump * medians)).any():
+                return False
+        for name, h, column in zip(modules, histories, norms.T.tolist(), strict=True):
+            if h is None:
+                h = self._explode_hist[name] = deque(maxlen=config.window)
+            h.extend(column)
+        return True
+
+    def _norm_alarms(
+        self, config: Alarms, name: str, steps: list[int], values: np.ndarray, has: np.ndarray
+    ) -> list[tuple[int, Alarm]]:
+        """Vanishing and exploding alarms of one module over the rows of a chunk, as (row, alarm). The running
+        medians of the jump test are computed for all rows at once (a median per row per module costs more than the
+        statistics themselves)."""
+        out: list[tuple[int, Alarm]] = []
+        rows = [r for r in range(len(steps)) if has[r] and math.isfinite(values[r])]
+        if not rows:
+            return out
+        history = self._explode_hist.setdefault(name, deque(maxlen=config.window))
+        finite = values[rows].astype(np.float64)
+        medians: np.ndarray | None = None
+        counts = np.minimum(config.window, len(history) + np.arange(len(rows)))
+        if config.jump is not None and (counts >= config.min_history).any():
+            seq = np.concatenate([np.full(config.window, np.nan), np.asarray(history, dtype=np.float64), finite])
+            windows = np.lib.stride_tricks.sliding_window_view(seq, config.window)
+            windows = windows[len(history) : len(history) + len(rows)]  # the `window` values before each row
+            if counts[0] == config.window:  # full windows (after the first `window` steps): no NaN padding
+                medians = np.median(windows, axis=1)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (no history yet) are not used
+                    medians = np.nanmedian(windows, axis=1)
+        quiet = (
+            name not in self._vanish_fired
+            and not self._vanish_run.get(name)
+            and name not in self._explode_fired
+            and (config.vanishing is None or finite.min() >= config.vanishing)
+            and (config.exploding is None or finite.max() <= config.exploding)
+            and (
+                medians is None
+                or not ((counts >= config.min_history) & (medians > 0) & (finite > config.jump * medians)).any()  # type: ignore[operator]
+            )
+        )
+        if quiet:  # the common case: no alarm, no state to carry but the history
+            history.extend(finite.tolist())
             return out
         desc = self._describe(name)
-        if config.vanishing is not None:
-            if v < config.vanishing:
-                run = self._vanish_run[name] = self._vanish_run.get(name, 0) + 1
-                if run >= config.vanishing_steps and name not in self._vanish_fired:
-                    self._vanish_fired.add(name)
-                    out.append(
-                        Alarm(
-                            "vanishing",
-                            step,
-                            name,
-                            v,
+        for k, r in enumerate(rows):
+            v, step = float(finite[k]), steps[r]
+            if config.vanishing is not None:
+                if v < config.vanishing:
+                    run = self._vanish_run[name] = self._vanish_run.get(name, 0) + 1
+                    if run >= config.vanishing_steps and name not in self._vanish_fired:
+                        self._vanish_fired.add(name)
+                        message = (
                             f"vanishing gradient at step {step}: {desc} has had a gradient norm below "
-                            f"{config.vanishing:g} for {run} consecutive recorded steps (now {v:.3g})",
+                            f"{config.vanishing:g} for {run} consecutive recorded steps (now {v:.3g})"
                         )
+                        out.append((r, Alarm("vanishing", step, name, v, message)))
+                else:
+                    self._vanish_run[name] = 0
+                    self._vanish_fired.discard(name)
+            reason = None
+            if config.exploding is not None and v > config.exploding:
+                reason = f"gradient norm {v:.3g} above the threshold {config.exploding:g}"
+            elif medians is not None and counts[k] >= config.min_history:
+                median = float(medians[k])
+                if median > 0 and v > config.jump * median:  # type: ignore[operator]
+                    reason = (
+                        f"gradient norm {v:.3g} is {v / median:.1f}x its running median {median:.3g} over the last "
+                        f"{int(counts[k])} recorded steps (jump factor {config.jump:g})"
                     )
+            if reason is not None:
+                if name not in self._explode_fired:
+                    self._explode_fired.add(name)
+                    message = f"exploding gradient at step {step}: {desc}: {reason}"
+                    out.append((r, Alarm("exploding", step, name, v, message)))
             else:
-                self._vanish_run[name] = 0
-                self._vanish_fired.discard(name)
-        history = self._explode_hist.setdefault(name, deque(maxlen=config.window))
-        reason = None
-        if config.exploding is not None and v > config.exploding:
-            reason = f"gradient norm {v:.3g} above the threshold {config.exploding:g}"
-        elif config.jump is not None and len(history) >= config.min_history:
-            median = float(np.median(history))
-            if median > 0 and v > config.jump * median:
-                reason = (
-                    f"gradient norm {v:.3g} is {v / median:.1f}x its running median {median:.3g} over the last "
-                    f"{len(history)} recorded steps (jump factor {config.jump:g})"
-                )
-        if reason is not None:
-            if name not in self._explode_fired:
-                self._explode_fired.add(name)
-                out.append(Alarm("exploding", step, name, v, f"exploding gradient at step {step}: {desc}: {reason}"))
-        else:
-            self._explode_fired.discard(name)
-        history.append(v)
+                self._explode_fired.discard(name)
+            history.append(v)
         return out
 
     def _nonfinite_alarm(self, chunk: _Chunk, r: int, step: int) -> Alarm:
@@ -1010,8 +1221,31 @@ class GradientFlow:
         for i, v in enumerate(l2.tolist()):
             if v != _MISSING and not _finite(v):
                 bad_params.setdefault(self._param_module[i], []).append(self.param_names[i])
+        backward: Sequence[str] = chunk.backward[r]
+        through_params: set[str] = set()
+        if self._probes != self._watched:
+            # a module watched through its parameters: their gradients are non-finite exactly when the gradient at its
+            # output is (every output element feeds them), and its place in backward order comes from the graph
+            for i, v in enumerate(l2.tolist()):
+                m = self._param_module[i]
+                if v == _MISSING or m in self._probes:
+                    continue
+                w = og.get(m, 0.0)
+                og[m] = v if not _finite(v) else w if not _finite(w) else math.hypot(w, v)
+                through_params.add(m)
+            ranked = [k for k in reversed(self._graph_order) if k in og]
+            seen = set(ranked)
+            backward = ranked + [k for k in (*backward, *reversed(self.module_names)) if k in og and k not in seen]
         name, detail, values = _locate_nonfinite(
-            chunk.forward[r], chunk.backward[r], act, og, self._inputs_of, bad_params, self._describe, self.module_names
+            chunk.forward[r],
+            backward,
+            act,
+            og,
+            self._inputs_of,
+            bad_params,
+            self._describe,
+            self.module_names,
+            frozenset(through_params),
         )
         kind = _kind_of(values) if values else "nan"
         value = float("nan") if kind == "nan" else float("inf")
@@ -1068,14 +1302,23 @@ def _locate_nonfinite(
     bad_params: dict[str, list[str]],
     describe: Callable[[str], str],
     module_order: Sequence[str],
+    through_params: frozenset[str] = frozenset(),
 ) -> tuple[str | None, str, list[float]]:
-    """(culprit, explanation, offending values) for a step with non-finite values (see the module docs)."""
+    """(culprit, explanation, offending values) for a step with non-finite values (see the module docs).
+
+    `through_params`: modules whose entry in `og` stands for their parameters' gradients (not observed outputs)."""
     for key in forward:  # a forward NaN poisons everything after it: name where it first appeared
         v = act.get(key)
         if v is not None and not _finite(v):
             sources = sorted(inputs_of.get(key, ()))
             clean = [s for s in sources if s in act and _finite(act[s])]
+            unseen = [s for s in sources if s not in act]
             via = f" (its input from {', '.join(repr(s) for s in clean)} was finite)" if clean else ""
+            if unseen:
+                via += (
+                    f" (the output of {', '.join(repr(s) for s in unseen)} feeding it is not observed at every step: "
+                    "GradientFlow(output_stats='all') tells them apart)"
+                )
             return (
                 key,
                 f"the forward pass produced them first in the output of {describe(key)}{via}, the first watched "
@@ -1085,15 +1328,16 @@ def _locate_nonfinite(
     for key in backward:
         v = og.get(key)
         if v is not None and not _finite(v):
+            seen_in = " (seen in the gradients of its parameters)" if key in through_params else ""
             return (
                 key,
-                f"the gradient was already non-finite where it reached the output of {describe(key)}, the first "
-                f"watched module in backward order: it was produced after {key!r} (by the loss, or by code between "
-                f"{key!r} and the next watched module)",
+                f"the gradient was already non-finite where it reached the output of {describe(key)}{seen_in}, the "
+                f"first watched module in backward order: it was produced after {key!r} (by the loss, or by code "
+                f"between {key!r} and the next watched module)",
                 [v],
             )
         bad_inputs = [s for s in sorted(inputs_of.get(key, ())) if s in og and not _finite(og[s])]
-        own = bad_params.get(_base(key), []) if _base(key) == key else []
+        own = bad_params.get(_base(key), []) if _base(key) == key and key not in through_params else []
         if bad_inputs or own:
             where = []
             if bad_inputs:
