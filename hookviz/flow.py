@@ -98,6 +98,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTIVATIONS",
     "FUSED_MIN_NUMEL",
+    "TRANSPARENT",
     "Alarm",
     "Alarms",
     "FlowReport",
@@ -129,6 +130,31 @@ ACTIVATIONS: tuple[type[nn.Module], ...] = (
     nn.Sigmoid,
     nn.Softplus,
     nn.Softsign,
+)
+#: Parameter-free modules whose backward cannot turn a finite gradient into a non-finite one (given a finite forward):
+#: the NaN localisation looks through them, so the gradients w.r.t. their outputs need no hook at every step.
+TRANSPARENT: tuple[type[nn.Module], ...] = (
+    *ACTIVATIONS,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Identity,
 )
 # outputs exactly 0 on a negative input: a unit that is 0 for the whole batch is dead
 _RELU_LIKE: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
@@ -338,15 +364,38 @@ def _stats_rows(grads: list[Tensor]) -> Tensor:
     return torch.stack(rows, dim=1)
 
 
-_COMPILED: dict[str, Callable[[list[Tensor]], Tensor]] = {}
+def _snapshot_rows(params: list[Tensor], snaps: list[Tensor]) -> Tensor:
+    """Copy each parameter into its snapshot and return the parameters' L2 norms (float32): one pass, compiled."""
+    norms = []
+    for p, snap in zip(params, snaps, strict=True):
+        snap.copy_(p)
+        f = p.float()
+        norms.append(torch.sqrt((f * f).sum()))
+    return torch.stack(norms)
+
+
+def _update_rows(snaps: list[Tensor], params: list[Tensor]) -> Tensor:
+    """``||snapshot - parameter||`` of each pair (float32), without writing the difference anywhere: compiled."""
+    norms = []
+    for snap, p in zip(snaps, params, strict=True):
+        d = snap.float() - p.float() if p.dtype in _LOW else (snap - p).float()
+        norms.append(torch.sqrt((d * d).sum()))
+    return torch.stack(norms)
+
+
+_COMPILED: dict[str, Callable[..., Tensor]] = {}
+
+
+def _compiled(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`fn` compiled with ``torch.compile``, shared by every GradientFlow (dynamo recompiles per list of shapes)."""
+    compiled = _COMPILED.get(fn.__name__)
+    if compiled is None:
+        compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return compiled
 
 
 def _compiled_stats() -> Callable[[list[Tensor]], Tensor]:
-    """The compiled `_stats_rows`, shared by every GradientFlow (dynamo recompiles it per distinct list of shapes)."""
-    fn = _COMPILED.get("stats")
-    if fn is None:
-        fn = _COMPILED["stats"] = torch.compile(_stats_rows, dynamic=False, fullgraph=True)
-    return fn
+    return _compiled(_stats_rows)
 
 
 _COMPILED_MIN_NUMEL = 1 << 13  # smaller gradients skip the compiled kernel
@@ -373,11 +422,12 @@ def _row_norms(t: Tensor) -> Tensor | None:
     return rows if rows.dtype == torch.float32 else rows.float()
 
 
-def _out_norm(t: Tensor, rows: Tensor | None = None) -> Tensor:
-    """L2 norm of a module output or of the gradient w.r.t. one, as a float32 0-d tensor (see `_row_norms`)."""
+def _partial_norm(t: Tensor, rows: Tensor | None = None) -> Tensor:
+    """A float32 tensor whose L2 norm is that of `t`: its row norms (see `_row_norms`), or its norm as a 0-d tensor.
+    The last reduction is left to one multi-tensor kernel per step over all of them (a small op costs microseconds)."""
     if rows is None:
         rows = _row_norms(t)
-    return _norm32(t) if rows is None else torch.linalg.vector_norm(rows)
+    return _norm32(t) if rows is None else rows
 
 
 def _unit_sums(out: Tensor, unit_dim: int) -> Tensor:
@@ -392,6 +442,21 @@ def _unit_sums(out: Tensor, unit_dim: int) -> Tensor:
     if keep > 0:
         out = out.sum(dim=list(range(keep)), dtype=_acc(out.dtype))
     return out.reshape(-1).float()
+
+
+def _unit_values(out: Tensor, unit_dim: int, rows: Tensor | None) -> tuple[Tensor, int, bool]:
+    """Values of a ReLU output from which its dead units are found with one op here: (values, values per unit,
+    sample-major). A unit is dead when all its values are 0 (ReLU outputs are >= 0). Sample-major: the row norms of
+    (N, C, ...) maps, unit ``i % C``; otherwise unit ``i // values_per_unit``."""
+    dim = out.dim()
+    if dim >= 2 and unit_dim % dim == 1:
+        n = out.shape[0]
+        if rows is not None:
+            return rows, n, True
+        if out.is_contiguous() and out.numel():
+            # per (unit, position) sums over the batch: a reduction over the leading axis, fast on the CPU
+            return out.view(n, -1).sum(0, dtype=torch.float32), out[0, 0].numel(), False
+    return _unit_sums(out, unit_dim), 1, False
 
 
 def _base(key: str) -> str:
@@ -565,11 +630,17 @@ class GradientFlow:
         for i, m in enumerate(self._param_module):
             self._params_of.setdefault(m, []).append(i)
         self._device = self._params[0].device if self._params else torch.device("cpu")
+        self._transparent: frozenset[str] = frozenset()  # looked through by the NaN localisation
         if output_stats == "all":
-            self._probes = self._watched
+            self._probes = self._grad_probes = self._watched
         else:
             trainable = {self._param_module[i] for i, p in enumerate(self._params) if p.requires_grad}
             self._probes = frozenset(n for n in self.module_names if n not in trainable)
+            # pooling, dropout, reshapes: nothing to report and nothing they could break, so no hook at all
+            inert = {n for n, m in watched if isinstance(m, TRANSPARENT) and not isinstance(m, ACTIVATIONS)}
+            self._probes = self._probes - inert
+            self._transparent = frozenset(n for n, m in watched if isinstance(m, TRANSPARENT))
+            self._grad_probes = frozenset(self._probes - self._transparent)
 
         # hooks
         self._hooks: HookManager | None = None
@@ -587,7 +658,7 @@ class GradientFlow:
         self._inputs_of: dict[str, set[str]] = {}
         self._graph_order: dict[str, None] = {}  # every watched call key, in forward order (learnt with the edges)
         self._fwd: list[tuple[str, Tensor]] = []
-        self._dead: list[tuple[str, Tensor]] = []
+        self._dead: list[tuple[str, Tensor, int, bool]] = []  # (key, *_unit_values)
         self._grads: list[tuple[str, Tensor]] = []
         self._fwd_order: dict[str, None] = {}
         self._bwd_order: dict[str, None] = {}
@@ -762,20 +833,16 @@ class GradientFlow:
             return
         value = out.detach()
         rows = _row_norms(value)
-        self._fwd.append((key, _out_norm(value, rows)))
+        self._fwd.append((key, _partial_norm(value, rows)))
         if key not in self._fwd_order:
             self._fwd_order[key] = None
         if name in self._relu_like:
-            if rows is not None and self.unit_dim % value.dim() == 1:  # per-channel units: dead when all rows are 0
-                units = rows.view(value.shape[0], value.shape[1]).amax(0)
-            else:
-                units = _unit_sums(value, self.unit_dim)
-            self._dead.append((key, units))
-        if out.requires_grad and self._tensor_hooks is not None:
+            self._dead.append((key, *_unit_values(value, self.unit_dim, rows)))
+        if out.requires_grad and self._tensor_hooks is not None and name in self._grad_probes:
             self._tensor_hooks.tensor(out, partial(self._on_grad, key))
 
     def _on_grad(self, key: str, grad: Tensor) -> None:
-        self._grads.append((key, _out_norm(grad)))
+        self._grads.append((key, _partial_norm(grad)))
         if key not in self._bwd_order:
             self._bwd_order[key] = None
 
@@ -821,9 +888,14 @@ class GradientFlow:
                     row[layout.block(b)].index_copy_(0, idx, values if scale is None else values / scale)
                 if snapshot:
                     params = [self._params[i].detach() for i in present]
-                    row[layout.block(4)].index_copy_(0, idx, _norms(params, dev))
                     snaps = [self._snapshot_buffer(i) for i in present]
-                    _foreach_copy_(snaps, params)
+                    weight_norms = None
+                    if self._kernel(present, params) == "compiled":  # copy and norm in one pass
+                        weight_norms = self._try_compiled(lambda: _compiled(_snapshot_rows)(params, snaps))
+                    if weight_norms is None:
+                        weight_norms = _norms(params, dev)
+                        _foreach_copy_(snaps, params)
+                    row[layout.block(4)].index_copy_(0, idx, weight_norms.to(dev, torch.float32))
                     self._pending_update = (present, idx)
             if self._grads:
                 keys, vals = self._stack(self._grads)
@@ -839,30 +911,39 @@ class GradientFlow:
         self._row_fwd[self._slot] = self._orders.setdefault(fwd, fwd)
         self._row_bwd[self._slot] = self._orders.setdefault(bwd, bwd)
 
+    def _kernel(self, present: list[int], tensors: list[Tensor]) -> Kernel | None:
+        """ "compiled" where the fused kernels are wanted and still possible, else None (the eager kernels)."""
+        if self.fused_stats is False or self._compile_failed:
+            return None
+        if self.fused_stats:
+            return "compiled"
+        key = ("kernel", tuple(present))
+        if key not in self._cache:
+            on_cpu = all(t.device.type == "cpu" for t in tensors)
+            big = on_cpu and sum(t.numel() for t in tensors) >= FUSED_MIN_NUMEL
+            self._cache_put(key, "compiled" if big else None)
+        return self._cache[key]
+
+    def _try_compiled(self, compute: Callable[[], Any]) -> Any:
+        """compute() with compiled kernels; None (and the eager kernels from now on) if compiling fails."""
+        try:
+            return compute()
+        except Exception as err:  # no C++ compiler, an unsupported platform: the eager kernels still work
+            self._compile_failed = True
+            detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            warnings.warn(
+                f"GradientFlow: compiling the fused statistics kernels failed ({type(err).__name__}: {detail}); "
+                "using the eager kernels (slower on the CPU). Pass fused_stats=False to skip the attempt.",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            return None
+
     def _param_stats(self, present: list[int], grads: list[Tensor], dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        kernel: Kernel | None = None
-        if self.fused_stats is not False and not self._compile_failed:
-            if self.fused_stats:
-                kernel = "compiled"
-            else:
-                key = ("kernel", tuple(present))
-                kernel = self._cache.get(key)
-                if key not in self._cache:
-                    on_cpu = all(g.device.type == "cpu" for g in grads)
-                    kernel = "compiled" if on_cpu and sum(g.numel() for g in grads) >= FUSED_MIN_NUMEL else None
-                    self._cache_put(key, kernel)
-        if kernel == "compiled":
-            try:
-                return _grad_stats(grads, dev, self._scratch, "compiled")
-            except Exception as err:  # no C++ compiler, an unsupported platform: the eager kernels still work
-                self._compile_failed = True
-                warnings.warn(
-                    f"GradientFlow: compiling the fused statistics kernel failed ({type(err).__name__}: "
-                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); using the eager kernels "
-                    "(slower on the CPU). Pass fused_stats=False to skip the attempt.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+        if self._kernel(present, grads) == "compiled":
+            stats = self._try_compiled(lambda: _grad_stats(grads, dev, self._scratch, "compiled"))
+            if stats is not None:
+                return stats
         return _grad_stats(grads, dev, self._scratch)
 
     def _combine(self, tag: str, keys: tuple[str, ...], vals: Tensor, offset: int, row: Tensor) -> None:
@@ -892,24 +973,36 @@ class GradientFlow:
 
     def _stack(self, entries: list[tuple[str, Tensor]]) -> tuple[tuple[str, ...], Tensor]:
         keys = tuple(k for k, _ in entries)
-        return keys, torch.stack([v if v.device == self._device else v.to(self._device) for _, v in entries])
+        return keys, _norms([v for _, v in entries], self._device)  # the norm of a 0-d norm is itself
 
     def _dead_fractions(self) -> tuple[tuple[str, ...], Tensor]:
-        """One dead fraction per entry of `_dead`, from all the per-unit sums at once (a few ops per step)."""
-        keys = tuple(k for k, _ in self._dead)
-        sizes = tuple(v.numel() for _, v in self._dead)
-        plan = self._cache.get(("dead-seg", keys, sizes))
+        """One dead fraction per entry of `_dead`, from all of them at once (a few ops per step, whatever the number
+        of entries; see `_unit_values`)."""
+        keys = tuple(k for k, _, _, _ in self._dead)
+        shape = tuple((v.numel(), per_unit, sample_major) for _, v, per_unit, sample_major in self._dead)
+        plan = self._cache.get(("dead-plan", keys, shape))
         if plan is None:
-            seg = [i for i, n in enumerate(sizes) for _ in range(n)]
-            plan = (
-                self._index(("dead-seg-idx", keys, sizes), seg),
-                self._index(("dead-seg-n", keys, sizes), [float(max(n, 1)) for n in sizes], torch.float32),
+            unit_ids, unit_values, unit_entry, entry_units, offset = [], [], [], [], 0
+            for e, (size, per_unit, sample_major) in enumerate(shape):
+                units = size // max(per_unit, 1)
+                i = torch.arange(size)
+                unit_ids.append((i % max(units, 1) if sample_major else i // max(per_unit, 1)) + offset)
+                unit_values.append(torch.full((units,), float(per_unit)))
+                unit_entry.append(torch.full((units,), e))
+                entry_units.append(float(max(units, 1)))
+                offset += units
+            plan = tuple(
+                t.to(self._device)
+                for t in (torch.cat(unit_ids), torch.cat(unit_values), torch.cat(unit_entry), torch.tensor(entry_units))
             )
-            self._cache_put(("dead-seg", keys, sizes), plan)
-        seg_t, n_t = plan
-        flags = (torch.cat([v if v.device == self._device else v.to(self._device) for _, v in self._dead]) <= 0).float()
-        per_entry = torch.zeros(len(sizes), dtype=torch.float32, device=self._device).index_add_(0, seg_t, flags)
-        return keys, per_entry.div_(n_t)
+            self._cache_put(("dead-plan", keys, shape), plan)
+        unit_ids, unit_values, unit_entry, entry_units = plan
+        values = torch.cat([v.reshape(-1).to(self._device, torch.float32) for _, v, _, _ in self._dead])
+        zeros = torch.zeros(len(unit_values), dtype=torch.float32, device=self._device)
+        zeros.index_add_(0, unit_ids, (values <= 0).float())
+        dead = (zeros >= unit_values).float()
+        per_entry = torch.zeros(len(keys), dtype=torch.float32, device=self._device).index_add_(0, unit_entry, dead)
+        return keys, per_entry.div_(entry_units)
 
     def _finish_update(self) -> None:
         pending, self._pending_update = self._pending_update, None
@@ -918,8 +1011,14 @@ class GradientFlow:
         present, idx = pending
         with torch.no_grad():
             snaps = [self._snaps[i] for i in present]
-            _foreach_sub_(snaps, [self._params[i].detach() for i in present])  # w_before - w_after
-            self._buf[self._slot][self._layout.block(3)].index_copy_(0, idx, _norms(snaps, self._device))
+            params = [self._params[i].detach() for i in present]
+            update = None
+            if self._kernel(present, params) == "compiled":  # ||w_before - w_after|| without writing it
+                update = self._try_compiled(lambda: _compiled(_update_rows)(snaps, params))
+            if update is None:
+                _foreach_sub_(snaps, params)  # w_before - w_after
+                update = _norms(snaps, self._device)
+            self._buf[self._slot][self._layout.block(3)].index_copy_(0, idx, update.to(self._device, torch.float32))
 
     def _snapshot_buffer(self, i: int) -> Tensor:
         p = self._params[i]
@@ -1246,6 +1345,7 @@ class GradientFlow:
             self._describe,
             self.module_names,
             frozenset(through_params),
+            self._transparent,
         )
         kind = _kind_of(values) if values else "nan"
         value = float("nan") if kind == "nan" else float("inf")
@@ -1303,10 +1403,29 @@ def _locate_nonfinite(
     describe: Callable[[str], str],
     module_order: Sequence[str],
     through_params: frozenset[str] = frozenset(),
+    transparent: frozenset[str] = frozenset(),
 ) -> tuple[str | None, str, list[float]]:
     """(culprit, explanation, offending values) for a step with non-finite values (see the module docs).
 
-    `through_params`: modules whose entry in `og` stands for their parameters' gradients (not observed outputs)."""
+    `through_params`: modules whose entry in `og` stands for their parameters' gradients (not observed outputs).
+    `transparent`: modules without an `og` entry that cannot create a non-finite gradient: looked through."""
+
+    def sources(key: str) -> list[tuple[str, str | None]]:
+        """(source with an output gradient, the transparent module it was reached through or None)."""
+        found: dict[str, str | None] = {}
+        stack = [(s, None) for s in sorted(inputs_of.get(key, ()))]
+        seen: set[str] = set()
+        while stack:
+            src, via = stack.pop()
+            if src in seen:
+                continue
+            seen.add(src)
+            if src in og:
+                found.setdefault(src, via)
+            elif _base(src) in transparent:
+                stack.extend((s, via or src) for s in sorted(inputs_of.get(src, ())))
+        return sorted(found.items())
+
     for key in forward:  # a forward NaN poisons everything after it: name where it first appeared
         v = act.get(key)
         if v is not None and not _finite(v):
@@ -1336,12 +1455,14 @@ def _locate_nonfinite(
                 f"between {key!r} and the next watched module)",
                 [v],
             )
-        bad_inputs = [s for s in sorted(inputs_of.get(key, ())) if s in og and not _finite(og[s])]
+        bad = [(s, via) for s, via in sources(key) if not _finite(og[s])]
+        bad_inputs = [s for s, _ in bad]
         own = bad_params.get(_base(key), []) if _base(key) == key and key not in through_params else []
         if bad_inputs or own:
             where = []
             if bad_inputs:
-                where.append(f"to its input from {', '.join(repr(s) for s in bad_inputs)}")
+                named = [repr(s) if via is None else f"{s!r} (through {via!r})" for s, via in bad]
+                where.append(f"to its input from {', '.join(named)}")
             if own:
                 where.append(f"to its parameters {', '.join(repr(p) for p in own)}")
             values = [og[s] for s in bad_inputs] or [float("nan")]
