@@ -21,12 +21,12 @@ its own copy of the same model and optimizer:
 - ``GradientFlow(every=4)``: as the first, recording every 4th step;
 - ``detect_anomaly``: the plain step inside ``torch.autograd.detect_anomaly()``.
 
-After warm-up steps, the rows are timed round-robin, one step each per round (so a slow patch of the shared machine
-hits them alike), with ``time.perf_counter``; the median over the rounds is reported with mean, min and max. Two
-overheads: ``median / median(plain) - 1``, and ``paired``, the median over the rounds of ``step / plain step - 1``
-in the same round (robust to the machine drifting during the run: the figure we quote). The GradientFlow rows
-include their periodic buffer read-outs (every 32 steps) and, in the warm-up, the one-off compilation of the fused
-statistics kernel. Target: GradientFlow overhead under 5%.
+After warm-up steps, the rows are timed round-robin, one step each per round, in reverse order every other round (so a
+slow patch of the shared machine hits them alike), with ``time.perf_counter``; the median over the rounds is reported
+with mean, min and max. Two overheads: ``median / median(plain) - 1``, and ``paired``, the median over the rounds of
+``step / plain step - 1`` in the same round (robust to the machine drifting during the run: the figure we quote). The
+GradientFlow rows include their periodic buffer read-outs (every 32 steps) and, in the warm-up, the one-off
+compilation of the fused statistics kernel. Target: GradientFlow overhead under 5%.
 """
 
 from __future__ import annotations
@@ -133,10 +133,11 @@ def main() -> None:
             step(*batches[i % len(batches)])
     times: dict[str, list[float]] = {name: [] for name in rows}
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    names = list(rows)
     for i in range(args.steps):
         x, y = batches[i % len(batches)]
-        for name, step in rows.items():
-            times[name].append(step(x, y) * 1e3)
+        for name in names if i % 2 == 0 else names[::-1]:  # alternate the order: no row is always first
+            times[name].append(rows[name](x, y) * 1e3)
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     read_ms = []
     for flow in flows:

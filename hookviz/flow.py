@@ -1,35 +1,42 @@
 """GradientFlow: per-layer gradient statistics during training, alarms for vanishing, exploding and NaN/Inf gradients.
 
 Attach it to a model in training; at every step (or every ``every``-th) it records, per parameter and per module,
-the gradient norm, mean and max |grad|, the update-to-weight ratio (when it knows the optimizer), and per module
-output the activation norm, the norm of the gradient w.r.t. it and, for ReLUs, the fraction of dead units. It is
-built to be left on:
+the gradient norm, mean and max |grad|, the update-to-weight ratio (when it knows the optimizer), and for activation
+modules the activation norm and, for ReLUs, the fraction of dead units (``output_stats="all"``: the output norm and
+the norm of the gradient w.r.t. the output of every watched module). It is built to be left on:
 
-- **No device sync per step.** Statistics are computed on the model's device (parameter gradients with multi-tensor
-  ``foreach`` norm kernels on accelerators) and written into a preallocated ``(buffer_steps, statistics)`` buffer on
-  that device; the buffer is read out in one transfer when it is full, and on `read`, `report`, the plots, the
-  exports and `stop`. Alarms are checked at those read-outs, so they arrive up to ``buffer_steps`` recorded steps
-  late, always naming the exact step (``buffer_steps=1`` checks every step, at the price of one sync per step).
-- **Cost.** Every recorded step reads each parameter gradient, each watched module output and each gradient w.r.t.
-  one a few times: memory-bound passes, small next to a step on a GPU, visible on a CPU. benchmarks/bench_flow.py
-  (resnet18 training step, batch 16, 64x64, one CPU thread): about 8% at ``every=1``, 6% with ``abs_stats=False``,
-  2% at ``every=4``; the update ratio adds a copy of the parameters per step (about 6% more); ``detect_anomaly``
-  costs about 22% there. ``every=N`` divides the cost by N.
-- **Hooks chosen on purpose.** Forward hooks on the watched modules (by default every leaf module and every module
-  that owns parameters) and tensor hooks on their outputs, never full backward hooks (which break on in-place
-  operations, pytorch#61519); the step is taken by ``step()`` after the backward pass, or automatically through the
-  optimizer's step pre/post hooks when `optimizer` is given.
+- **No device sync per step.** Statistics are computed on the model's device and written into a preallocated
+  ``(buffer_steps, statistics)`` buffer on that device; the buffer is read out in one transfer when it is full, and
+  on `read`, `report`, the plots, the exports and `stop`. Alarms are checked at those read-outs, so they arrive up to
+  ``buffer_steps`` recorded steps late, always naming the exact step (``buffer_steps=1`` checks every step, at the
+  price of one sync per step).
+- **Cost.** A recorded step reads each parameter gradient once (on accelerators with multi-tensor ``foreach``
+  kernels; on the CPU with one kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad| in
+  one pass: `fused_stats`) and each activation output once; the update ratio reads the parameters three times (a
+  snapshot before the step, the difference after it). benchmarks/bench_flow.py (resnet18 training step on 2 CPU
+  cores, batch 16, 64x64; median over the rounds of the paired overhead): about 4.5% at ``every=1``, 10% with the
+  eager kernels, 9% with ``output_stats="all"``, 13% with the update ratio, nothing measurable at ``every=4``;
+  ``detect_anomaly`` costs about 27% there. ``every=N`` divides the cost by N.
+- **Hooks chosen on purpose.** Forward hooks on the parameter-free watched modules (activations, custom layers) and
+  tensor hooks on the outputs of those whose backward could create a NaN (not the stock activations and pooling
+  layers of `TRANSPARENT`); never full backward hooks (which break on in-place operations, pytorch#61519). For the
+  first few recorded forward passes every watched module gets a forward hook, to learn which module's output feeds
+  which (for naming NaN culprits); those hooks are then removed. The step is taken by ``step()`` after the backward
+  pass, or automatically through the optimizer's step pre/post hooks when `optimizer` is given.
 
-**NaN/Inf localisation.** Each recorded step keeps, on the host, the order in which module outputs were produced
-(forward) and in which the gradients w.r.t. them arrived (backward); which module's output feeds which module is
-learnt from the first few recorded forward passes.
+**NaN/Inf localisation.** Each recorded step keeps, on the host, the order in which the observed module outputs
+were produced (forward) and in which the gradients w.r.t. them arrived (backward). A module with trainable
+parameters is observed through them: every element of the gradient at its output feeds its parameters' gradients,
+so those are non-finite exactly when that gradient is. A module of `TRANSPARENT` (ReLU, Tanh, pooling, dropout, ...)
+cannot turn finite gradients into non-finite ones, so the localisation looks through it.
 When a step has non-finite values the culprit is, in this order: the first module in forward order whose *output*
-is non-finite (a forward NaN: ``log(0)``, ``0/0``, an overflow); else the first module in backward order that turned
-finite gradients into non-finite ones (its output gradient is finite, but the gradient it passed to its inputs, or
-to its own parameters, is not: e.g. the ``torch.where(x > 0, x, torch.sqrt(x))`` trap); else, when the gradient was
-already non-finite where it reached the first module's output, the code after that module (the loss).
-`torch.autograd.detect_anomaly` finds the backward culprit too, by checking the output of every backward node (with a
-device sync per node on accelerators), and it raises instead of reporting.
+is non-finite (a forward NaN: ``log(0)``, ``0/0``, an overflow; with the default `output_stats` this is the first
+*observed* output, and the message names the unobserved modules feeding it); else the first module in backward
+order that turned finite gradients into non-finite ones (its output gradient is finite, but the gradient it passed
+to its inputs, or to its own parameters, is not: e.g. the ``torch.where(x > 0, x, torch.sqrt(x))`` trap); else,
+when the gradient was already non-finite where it reached the first module's output, the code after that module
+(the loss). `torch.autograd.detect_anomaly` finds the backward culprit too, by checking the output of every backward
+node (with a device sync per node on accelerators), and it raises instead of reporting.
 
 **Gradient accumulation.** With `optimizer`, statistics are taken only when the optimizer steps: the parameter
 gradients then hold the sum over the micro-steps, output statistics are aggregated over the micro-steps' forward and
@@ -48,7 +55,9 @@ overflow steps a scaler takes to settle).
 
 **Footguns.** Forward passes in eval mode or under ``torch.no_grad()`` are ignored (validation does not pollute the
 statistics). With activation checkpointing, the forward recomputed during the backward pass shows up as further calls
-of the checkpointed modules (``"name#1"`` keys). A module's parameters are attributed to its first call key.
+of the checkpointed modules (``"name#1"`` keys). A module's parameters are attributed to its first call key. Which
+module feeds which is learnt from the first recorded forward passes: a model whose structure changes later gets
+less precise NaN culprits (``output_stats="all"`` records the backward order at every step).
 
 **DistributedDataParallel.** Pass the wrapped model or the inner module (names differ by the ``module.`` prefix).
 Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced (averaged) gradient: they
@@ -326,20 +335,9 @@ def _grad_stats(
         l2, l1, mx = _grouped_norms(grads, device, (2, 1, math.inf))
         return l2, l1, mx
     if kernel == "compiled":
-        # small gradients (biases, norm layers) through the multi-tensor kernels: calling compiled code costs a few
-        # microseconds per argument, more than reducing a few hundred values
-        big = [i for i, g in enumerate(grads) if g.numel() >= _COMPILED_MIN_NUMEL]
-        rows = _compiled_stats()([grads[i].reshape(-1) for i in big]) if big else None
-        if len(big) == len(grads):
-            rows = rows.to(device, torch.float32, non_blocking=True)  # type: ignore[union-attr]
-            return rows[0], rows[1], rows[2]
-        chosen = set(big)
-        small = [i for i in range(len(grads)) if i not in chosen]
-        out = torch.empty((3, len(grads)), dtype=torch.float32, device=device)
-        out[:, small] = torch.stack(_grouped_norms([grads[i] for i in small], device, (2, 1, math.inf)))
-        if rows is not None:
-            out[:, big] = rows.to(device, torch.float32, non_blocking=True)
-        return out[0], out[1], out[2]
+        rows = _compiled_stats()([g.reshape(-1) if g.numel() else g.new_zeros(1) for g in grads])
+        rows = rows.to(device, torch.float32, non_blocking=True)
+        return rows[0], rows[1], rows[2]
     l2s, l1s, mxs = [], [], []
     for g in grads:
         if g.numel() == 0:
@@ -397,8 +395,6 @@ def _compiled(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
 def _compiled_stats() -> Callable[[list[Tensor]], Tensor]:
     return _compiled(_stats_rows)
 
-
-_COMPILED_MIN_NUMEL = 1 << 13  # smaller gradients skip the compiled kernel
 
 #: Watched parameters on the CPU holding at least this many elements get the compiled kernel by default: below it the
 #: eager kernels take well under a millisecond, less than a compilation is worth.
@@ -519,15 +515,12 @@ class GradientFlow:
             non-finite values, warning otherwise), ``"raise"`` (a `GradientFlowError`), or a callable taking the
             `Alarm`. Every alarm is also kept in `alarms`.
         update_ratio: record update-to-weight ratios when `optimizer` is given.
-        output_stats: which module outputs are observed at every recorded step (their norm, the norm of the gradient
-            w.r.t. them, dead units). ``"parameter-free"`` (default): the watched modules without trainable
-            parameters (activations, pooling, custom parameter-free layers), the cheap setting; a module with
-            trainable parameters is watched through them (its parameters' gradients are non-finite exactly when the
-            gradient at its output is, which is all the NaN localisation needs from it). ``"all"``: every watched
-            module, for activation and output-gradient norms of every layer and the exact module of a forward NaN
-            (each output and each gradient w.r.t. one costs a pass).
-        abs_stats: record mean and max |grad| per parameter (the classic bar chart). False skips the two extra passes
-            over every gradient they take (the gradient norm stays): the cheapest setting to leave on.
+        output_stats: which module outputs are observed at every recorded step. ``"parameter-free"`` (default):
+            the output norm of the watched activation modules and of custom parameter-free modules (with the dead
+            fraction for ReLUs), and the gradient w.r.t. the output of the custom ones only (see the module docs:
+            modules with trainable parameters are watched through their gradients, stock activations and pooling
+            are looked through). ``"all"``: the output norm and the output-gradient norm of every watched module,
+            and the exact module of a forward NaN; each output and each gradient w.r.t. one costs a pass over it.
         fused_stats: compute the per-parameter statistics (norm, mean and max |grad|) in one fused pass per gradient,
             compiled with ``torch.compile``. None (default): on the CPU when the watched parameters hold at least
             `FUSED_MIN_NUMEL` elements (there it is about three times cheaper than the eager kernels; the first
