@@ -767,6 +767,8 @@ def test_report_rows_and_html(stats) -> None:
     assert "GradientFlow at step 3 (4 steps recorded)" in html and "alarm(s)" in html
     text = str(report)
     assert text.splitlines()[0].startswith("GradientFlow at step 3") and "update/weight" in text
+    # statistics recorded for no module are left out (output-gradient norms: not observed in the default mode)
+    assert "act norm" in text and "out-grad norm" not in text and "out-grad norm" not in html
     assert json.dumps(report.to_dict())  # plain data
 
 
