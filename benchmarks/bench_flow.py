@@ -2,13 +2,17 @@
 
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_flow.py [--steps N] [--warmup W] [--batch B] [--size S] [--out PATH]
+    python benchmarks/bench_flow.py [--steps N] [--warmup W] [--batch B] [--size S] [--rows ...] [--processes P]
+                                    [--threads T] [--out PATH]
 
 One torchvision resnet18 (``weights=None``, 10 classes, seed 0, train mode) training step on the CPU: batch 16 of
 64x64 images, cross-entropy, ``SGD(lr=0.01, momentum=0.9)``: ``zero_grad``, forward, backward, ``step``. Rows, each on
 its own copy of the same model and optimizer:
 
 - ``plain``: no monitoring;
+- ``plain (second copy)``: the same on a second copy of the model, an A/A control: two copies of one model differ by a
+  few percent within one process (by where their tensors landed in memory), which is why ``--processes N`` repeats
+  the whole measurement in N fresh processes and reports the median of their paired overheads;
 - ``GradientFlow(every=1)``: ``flow.step()`` after each backward (gradient, activation, output-gradient statistics
   and NaN bookkeeping at every step; no update ratio, which needs the optimizer);
 - ``GradientFlow(every=1, abs_stats=False)``: the same without mean and max |grad| (the gradient norms stay);
@@ -38,6 +42,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -51,8 +58,10 @@ import hookviz
 from hookviz.flow import GradientFlow
 
 SEED = 0
+CONTROL = "plain (second copy)"
 ROWS = (
     "plain",
+    CONTROL,
     "GradientFlow(every=1)",
     "GradientFlow(every=1, abs_stats=False)",
     "GradientFlow(every=1, fused_stats=False)",
@@ -80,6 +89,44 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, flow: Gradient
     return step
 
 
+def repeat_in_processes(args: argparse.Namespace) -> None:
+    """Run the benchmark in fresh processes and report, per row, the median of their paired overheads.
+
+    Two copies of the same model in one process differ by up to a few percent (where their tensors landed in
+    memory: the plain control row shows it), so one process cannot resolve a 5% goal; the median over processes can.
+    """
+    per_process: list[dict[str, float]] = []
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            out = Path(tmp) / f"run{i}.json"
+            command = [sys.executable, __file__, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            command += ["--batch", str(args.batch), "--size", str(args.size), "--out", str(out)]
+            if args.threads:
+                command += ["--threads", str(args.threads)]
+            if args.rows:
+                command += ["--rows", *args.rows]
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            run = json.loads(out.read_text())
+            runs.append(run)
+            per_process.append({r["row"]: r["paired_overhead"] for r in run["rows"]})
+            print(
+                f"process {i + 1}/{args.processes}: "
+                + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in per_process[-1].items() if k != "plain")
+            )
+    print(f"paired overhead over {args.processes} processes ({args.steps} rounds each): median [min, max]")
+    summary = {}
+    for name in per_process[0]:
+        values = [p[name] for p in per_process]
+        summary[name] = {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+        print(
+            f"{name:42s} {100 * statistics.median(values):6.1f}%  [{100 * min(values):.1f}%, {100 * max(values):.1f}%]"
+        )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"processes": args.processes, "summary": summary, "runs": runs}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="timed rounds (one step per row each)")
@@ -88,8 +135,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--out", type=Path, default=None, help="write the timings as JSON here")
-    parser.add_argument("--rows", nargs="*", default=None, help="row names to run (default: all); plain always runs")
+    parser.add_argument(
+        "--rows", nargs="*", default=None, help="row names to run (default: all); the two plain rows always run"
+    )
+    parser.add_argument(
+        "--processes", type=int, default=1, help="repeat the whole measurement in this many fresh processes"
+    )
     args = parser.parse_args()
+    if args.processes > 1:
+        repeat_in_processes(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*[Aa]nomaly [Dd]etection.*")
@@ -108,7 +163,7 @@ def main() -> None:
     rows: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {}
     flows: list[GradientFlow] = []
     for name in ROWS:
-        if args.rows and name != "plain" and name not in args.rows:
+        if args.rows and name not in ("plain", CONTROL) and name not in args.rows:
             continue
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -10,13 +10,13 @@ the norm of the gradient w.r.t. the output of every watched module). It is built
   on `read`, `report`, the plots, the exports and `stop`. Alarms are checked at those read-outs, so they arrive up to
   ``buffer_steps`` recorded steps late, always naming the exact step (``buffer_steps=1`` checks every step, at the
   price of one sync per step).
-- **Cost.** A recorded step reads each parameter gradient once (on accelerators with multi-tensor ``foreach``
-  kernels; on the CPU with one kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad| in
-  one pass: `fused_stats`) and each activation output once; the update ratio reads the parameters three times (a
+- **Cost.** A recorded step reads each parameter gradient (on accelerators with three multi-tensor ``foreach``
+  kernels; on the CPU once, with a kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad|
+  in one pass: `fused_stats`) and each activation output once; the update ratio reads the parameters three times (a
   snapshot before the step, the difference after it). benchmarks/bench_flow.py (resnet18 training step on 2 CPU
-  cores, batch 16, 64x64; median over the rounds of the paired overhead): about 4.5% at ``every=1``, 10% with the
-  eager kernels, 9% with ``output_stats="all"``, 13% with the update ratio, nothing measurable at ``every=4``;
-  ``detect_anomaly`` costs about 27% there. ``every=N`` divides the cost by N.
+  cores, batch 16, 64x64; median over the rounds of the paired overhead, six runs): 3.5-5% at ``every=1``, 13%
+  with the eager kernels, 10% with ``output_stats="all"``, 12% with the update ratio, 1.5% at ``every=4``;
+  ``detect_anomaly`` costs 25-27% there. ``every=N`` divides the cost by N.
 - **Hooks chosen on purpose.** Forward hooks on the parameter-free watched modules (activations, custom layers) and
   tensor hooks on the outputs of those whose backward could create a NaN (not the stock activations and pooling
   layers of `TRANSPARENT`); never full backward hooks (which break on in-place operations, pytorch#61519). For the
@@ -993,9 +993,9 @@ class GradientFlow:
             self._cache_put(("dead-plan", keys, shape), plan)
         unit_ids, unit_values, unit_entry, entry_units = plan
         values = torch.cat([v.reshape(-1).to(self._device, torch.float32) for _, v, _, _ in self._dead])
-        zeros = torch.zeros(len(unit_values), dtype=torch.float32, device=self._device)
-        zeros.index_add_(0, unit_ids, (values <= 0).float())
-        dead = (zeros >= unit_values).float()
+        # the values are >= 0 (norms and sums of ReLU outputs): a unit is dead when they sum to 0 (a NaN is not dead)
+        sums = torch.zeros(len(unit_values), dtype=torch.float32, device=self._device).index_add_(0, unit_ids, values)
+        dead = (sums <= 0).float()
         per_entry = torch.zeros(len(keys), dtype=torch.float32, device=self._device).index_add_(0, unit_entry, dead)
         return keys, per_entry.div_(entry_units)
 
