@@ -14,7 +14,7 @@ the norm of the gradient w.r.t. the output of every watched module). It is built
   kernels; on the CPU once, with a kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad|
   in one pass: `fused_stats`) and each activation output once; the update ratio reads the parameters three times (a
   snapshot before the step, the difference after it). benchmarks/bench_flow.py (resnet18 training step on 2 CPU
-  cores, batch 16, 64x64; median over the rounds of the paired overhead, six runs): 3.5-5% at ``every=1``, 13%
+  cores, batch 16, 64x64; the paired overhead, median of 7 processes): 4.4% at ``every=1``; one process: 13%
   with the eager kernels, 10% with ``output_stats="all"``, 12% with the update ratio, 1.5% at ``every=4``;
   ``detect_anomaly`` costs 25-27% there. ``every=N`` divides the cost by N.
 - **Hooks chosen on purpose.** Forward hooks on the parameter-free watched modules (activations, custom layers) and
