@@ -62,6 +62,7 @@ less precise NaN culprits (``output_stats="all"`` records the backward order at 
 **DistributedDataParallel.** Pass the wrapped model or the inner module (names differ by the ``module.`` prefix).
 Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced (averaged) gradient: they
 are the same on every rank. Statistics of module outputs and of the gradients w.r.t. them are local to each rank.
+(Tested with one gloo rank, wrapped and inner module, against the plain model; not with several ranks.)
 
 Example::
 

@@ -850,3 +850,37 @@ def test_tensorboard_missing_package_message(tmp_path) -> None:
     flow = GradientFlow(Hand())
     with pytest.raises(ImportError, match=r"needs the optional tensorboard package.*pip install tensorboard"):
         flow.to_tensorboard(tmp_path / "runs")
+
+
+# -- DistributedDataParallel ---------------------------------------------------------------------------------------
+@pytest.fixture
+def process_group(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_distributed_data_parallel_statistics_of_the_reduced_gradients(process_group, wrapped: bool) -> None:
+    """One gloo rank: DDP's all-reduce averages over one process, so every statistic equals the plain model's."""
+    reference = Hand()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    with GradientFlow(reference, optimizer=ref_opt, alarms=False) as ref_flow:
+        train(reference, opt=ref_opt, steps=2)
+    inner = Hand()
+    ddp = nn.parallel.DistributedDataParallel(inner, find_unused_parameters=True)  # Hand.unused never runs
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with GradientFlow(ddp if wrapped else inner, optimizer=opt, alarms=False) as flow:
+        train(ddp, opt=opt, steps=2)
+    a, b = ref_flow.read(), flow.read()
+    prefix = "module." if wrapped else ""
+    assert b.params == [prefix + name for name in a.params]
+    for stat in ("grad_norm", "grad_mean_abs", "grad_max_abs", "update_ratio"):
+        np.testing.assert_allclose(b.param_stats[stat], a.param_stats[stat], rtol=1e-6)
+    np.testing.assert_allclose(b.module(prefix + "relu", "act_norm"), a.module("relu", "act_norm"), rtol=1e-6)
+    assert no_hooks(ddp) and no_hooks(inner)
