@@ -524,6 +524,9 @@ class GradientFlow:
             modules with trainable parameters are watched through their gradients, stock activations and pooling
             are looked through). ``"all"``: the output norm and the output-gradient norm of every watched module,
             and the exact module of a forward NaN; each output and each gradient w.r.t. one costs a pass over it.
+        abs_stats: record mean and max |grad| per parameter (the classic bar chart). False records the gradient
+            norms only (no cheaper with the fused kernel, which takes all three in one pass; cheaper with the eager
+            kernels).
         fused_stats: compute the per-parameter statistics (norm, mean and max |grad|) in one fused pass per gradient,
             compiled with ``torch.compile``. None (default): on the CPU when the watched parameters hold at least
             `FUSED_MIN_NUMEL` elements (there it is about three times cheaper than the eager kernels; the first
@@ -978,24 +981,21 @@ class GradientFlow:
         shape = tuple((v.numel(), per_unit, sample_major) for _, v, per_unit, sample_major in self._dead)
         plan = self._cache.get(("dead-plan", keys, shape))
         if plan is None:
-            unit_ids, unit_values, unit_entry, entry_units, offset = [], [], [], [], 0
+            unit_ids, unit_entry, entry_units, offset = [], [], [], 0
             for e, (size, per_unit, sample_major) in enumerate(shape):
                 units = size // max(per_unit, 1)
                 i = torch.arange(size)
                 unit_ids.append((i % max(units, 1) if sample_major else i // max(per_unit, 1)) + offset)
-                unit_values.append(torch.full((units,), float(per_unit)))
                 unit_entry.append(torch.full((units,), e))
                 entry_units.append(float(max(units, 1)))
                 offset += units
-            plan = tuple(
-                t.to(self._device)
-                for t in (torch.cat(unit_ids), torch.cat(unit_values), torch.cat(unit_entry), torch.tensor(entry_units))
-            )
+            tensors = (torch.cat(unit_ids), torch.cat(unit_entry), torch.tensor(entry_units))
+            plan = (*(t.to(self._device) for t in tensors), offset)
             self._cache_put(("dead-plan", keys, shape), plan)
-        unit_ids, unit_values, unit_entry, entry_units = plan
+        unit_ids, unit_entry, entry_units, n_units = plan
         values = torch.cat([v.reshape(-1).to(self._device, torch.float32) for _, v, _, _ in self._dead])
         # the values are >= 0 (norms and sums of ReLU outputs): a unit is dead when they sum to 0 (a NaN is not dead)
-        sums = torch.zeros(len(unit_values), dtype=torch.float32, device=self._device).index_add_(0, unit_ids, values)
+        sums = torch.zeros(n_units, dtype=torch.float32, device=self._device).index_add_(0, unit_ids, values)
         dead = (sums <= 0).float()
         per_entry = torch.zeros(len(keys), dtype=torch.float32, device=self._device).index_add_(0, unit_entry, dead)
         return keys, per_entry.div_(entry_units)
