@@ -62,7 +62,8 @@ less precise NaN culprits (``output_stats="all"`` records the backward order at 
 **DistributedDataParallel.** Pass the wrapped model or the inner module (names differ by the ``module.`` prefix).
 Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced (averaged) gradient: they
 are the same on every rank. Statistics of module outputs and of the gradients w.r.t. them are local to each rank.
-(Tested with one gloo rank, wrapped and inner module, against the plain model; not with several ranks.)
+(Tested on the CPU with gloo: one rank, wrapped and inner module; two ranks with different halves of a batch, both
+recording the statistics of the averaged gradient.)
 
 Example::
 

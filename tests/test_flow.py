@@ -884,3 +884,45 @@ def test_distributed_data_parallel_statistics_of_the_reduced_gradients(process_g
         np.testing.assert_allclose(b.param_stats[stat], a.param_stats[stat], rtol=1e-6)
     np.testing.assert_allclose(b.module(prefix + "relu", "act_norm"), a.module("relu", "act_norm"), rtol=1e-6)
     assert no_hooks(ddp) and no_hooks(inner)
+
+
+def _ddp_rank(rank: int, store: str, x: torch.Tensor, out: str) -> None:
+    """One of two gloo ranks: its half of the batch through DDP, GradientFlow on the wrapped model."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model = nn.parallel.DistributedDataParallel(Hand(), find_unused_parameters=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+            train(model, opt=opt, steps=2, x=x[rank::2])
+        s = flow.read()
+        np.savez(f"{out}{rank}.npz", **{stat: s.param_stats[stat] for stat in s.param_stats})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_data_parallel_two_ranks_see_the_reduced_gradients(tmp_path) -> None:
+    """Two ranks with different halves of the batch: DDP averages their gradients, so both ranks record the same
+    statistics, those of one model on the whole batch with half the loss (and neither rank's local gradient)."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    x = torch.tensor([[1.0, 2, 3], [3, 2, 1], [0.5, -1, 2], [2, 2, -1]])
+    out = str(tmp_path / "rank")
+    torch.multiprocessing.spawn(_ddp_rank, args=(str(tmp_path / "store"), x, out), nprocs=2, join=True)
+    ranks = [np.load(f"{out}{r}.npz") for r in range(2)]
+    reference = Hand()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    with GradientFlow(reference, optimizer=ref_opt, alarms=False) as ref_flow:
+        train(reference, opt=ref_opt, steps=2, x=x, loss_fn=lambda y: y.sum() / 2)
+    expected = ref_flow.read().param_stats
+    local = Hand()
+    with GradientFlow(local, alarms=False) as local_flow:
+        train(local, flow=local_flow, steps=1, x=x[0::2])
+    for stat in ("grad_norm", "grad_mean_abs", "grad_max_abs", "update_ratio"):
+        for r in range(2):
+            np.testing.assert_allclose(ranks[r][stat], expected[stat], rtol=1e-5)
+    fc_weight = 0  # Hand's first parameter: the reduced gradient differs from rank 0's own
+    assert not np.isclose(local_flow.read().param_stats["grad_norm"][0, fc_weight], expected["grad_norm"][0, fc_weight])
