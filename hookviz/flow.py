@@ -385,6 +385,19 @@ def _update_rows(snaps: list[Tensor], params: list[Tensor]) -> Tensor:
     return torch.stack(norms)
 
 
+def _act_rows(outputs: list[Tensor], relu: tuple[bool, ...]) -> Tensor:
+    """(2, K) float32: the L2 norm of each activation output and, where `relu`, its fraction of dead units (units
+    along dim 1: a unit is dead when it is 0 for the whole batch). Compiled: one pass over each output."""
+    rows = []
+    for out, dead_units in zip(outputs, relu, strict=True):
+        f = out.float()
+        per_row = (f * f).reshape(f.shape[0], f.shape[1], -1).sum(2)  # (N, C): sums of squares per sample and unit
+        norm = torch.sqrt(per_row.sum())
+        dead = (per_row.sum(0) <= 0).float().mean() if dead_units else torch.zeros_like(norm)
+        rows.append(torch.stack([norm, dead]))
+    return torch.stack(rows, dim=1)
+
+
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
 
 
@@ -641,6 +654,10 @@ class GradientFlow:
             self._probes = self._probes - inert
             self._transparent = frozenset(n for n, m in watched if isinstance(m, TRANSPARENT))
             self._grad_probes = frozenset(self._probes - self._transparent)
+        # activation outputs whose statistics can wait for the compiled kernel at the end of the step
+        activations = {n for n, m in watched if isinstance(m, ACTIVATIONS)}
+        self._deferrable = frozenset(activations & (self._probes - self._grad_probes))
+        self._defer_outputs = False
 
         # hooks
         self._hooks: HookManager | None = None
@@ -659,6 +676,10 @@ class GradientFlow:
         self._graph_order: dict[str, None] = {}  # every watched call key, in forward order (learnt with the edges)
         self._fwd: list[tuple[str, Tensor]] = []
         self._dead: list[tuple[str, Tensor, int, bool]] = []  # (key, *_unit_values)
+        self._dead_done: list[tuple[str, Tensor]] = []  # (key, dead fraction) computed by the compiled kernel
+        # activation outputs kept for the compiled kernel at the end of the step: (key, name, output, version, relu)
+        self._deferred: list[tuple[str, str, Tensor, int, bool]] = []
+        self._eager_outputs: set[str] = set()  # modules whose outputs are modified in place later: never deferred
         self._grads: list[tuple[str, Tensor]] = []
         self._fwd_order: dict[str, None] = {}
         self._bwd_order: dict[str, None] = {}
@@ -803,8 +824,11 @@ class GradientFlow:
 
     # -- hooks --------------------------------------------------------------------------------------------------
     def _on_model_forward(self, module: nn.Module, args: Any) -> None:
+        if self._deferred:  # gradient accumulation: the previous micro-step's outputs, before this forward makes more
+            self._process_deferred()
         self._calls.reset()
         self._live = self._recording and torch.is_grad_enabled() and self.model.training
+        self._defer_outputs = self._live and bool(self._deferrable) and self._fused_wanted()
         # which module output feeds which module is learnt from the first recorded forwards (the structure rarely
         # changes and the bookkeeping costs as much as a statistic); it only serves to name NaN culprits
         self._track_edges = self._live and self._edge_forwards < _EDGE_FORWARDS
@@ -832,10 +856,22 @@ class GradientFlow:
         if name not in self._probes:
             return
         value = out.detach()
-        rows = _row_norms(value)
-        self._fwd.append((key, _partial_norm(value, rows)))
         if key not in self._fwd_order:
             self._fwd_order[key] = None
+        if (
+            self._defer_outputs
+            and name in self._deferrable
+            and name not in self._eager_outputs
+            and value.dim() >= 2
+            and value.numel()
+            and (name not in self._relu_like or self.unit_dim % value.dim() == 1)  # the kernel's units: dim 1
+        ):
+            # kept for one compiled pass over all of them at the end of the step (outputs that autograd keeps
+            # anyway); the version counter tells whether it is modified in place before then
+            self._deferred.append((key, name, value, value._version, name in self._relu_like))
+            return
+        rows = _row_norms(value)
+        self._fwd.append((key, _partial_norm(value, rows)))
         if name in self._relu_like:
             self._dead.append((key, *_unit_values(value, self.unit_dim, rows)))
         if out.requires_grad and self._tensor_hooks is not None and name in self._grad_probes:
@@ -845,6 +881,35 @@ class GradientFlow:
         self._grads.append((key, _partial_norm(grad)))
         if key not in self._bwd_order:
             self._bwd_order[key] = None
+
+    def _process_deferred(self) -> None:
+        """Statistics of the kept activation outputs, with one compiled kernel (or, if compiling fails, eagerly)."""
+        entries, self._deferred = self._deferred, []
+        fresh = []
+        for entry in entries:
+            if entry[2]._version != entry[3]:  # modified in place after its module ran: its statistics are lost
+                self._eager_outputs.add(entry[1])  # for this step; from now on they are taken in the hook
+            else:
+                fresh.append(entry)
+        if not fresh:
+            return
+        values = [value for _, _, value, _, _ in fresh]
+        relu = tuple(r for _, _, _, _, r in fresh)
+        with torch.no_grad():
+            stats = None
+            if not self._compile_failed:
+                stats = self._try_compiled(lambda: _compiled(_act_rows)(values, relu))
+            if stats is None:
+                for (key, _, _, _, r), v in zip(fresh, values, strict=True):
+                    rows = _row_norms(v)
+                    self._fwd.append((key, _partial_norm(v, rows)))
+                    if r:
+                        self._dead.append((key, *_unit_values(v, self.unit_dim, rows)))
+                return
+        for i, (key, _, _, _, r) in enumerate(fresh):
+            self._fwd.append((key, stats[0, i]))
+            if r:
+                self._dead_done.append((key, stats[1, i]))
 
     # -- writing one row ------------------------------------------------------------------------------------------
     def _collect(self, snapshot: bool) -> None:
@@ -857,6 +922,8 @@ class GradientFlow:
     def _clear_step_state(self) -> None:
         self._fwd.clear()
         self._dead.clear()
+        self._dead_done.clear()
+        self._deferred.clear()
         self._grads.clear()
         self._fwd_order = {}
         self._bwd_order = {}
@@ -864,6 +931,8 @@ class GradientFlow:
             self._tensor_hooks.remove()  # every backward of this step is done
 
     def _write_row(self, snapshot: bool) -> None:
+        if self._deferred:
+            self._process_deferred()
         if self._params and self._params[0].device != self._device:  # the model moved since the last step
             self._flush()
             self._device = self._params[0].device
@@ -903,13 +972,30 @@ class GradientFlow:
                 self._combine("og", keys, vals if scale is None else vals / scale, layout.key_block(0).start, row)
             if self._fwd:
                 self._combine("act", *self._stack(self._fwd), layout.key_block(1).start, row)
-            if self._dead:
-                self._combine("dead", *self._dead_fractions(), layout.key_block(2).start, row)
+            if self._dead or self._dead_done:
+                keys, vals = self._dead_fractions() if self._dead else ((), None)
+                if self._dead_done:
+                    keys = (*keys, *(k for k, _ in self._dead_done))
+                    done = torch.stack([v for _, v in self._dead_done]).to(self._device)
+                    vals = done if vals is None else torch.cat([vals, done])
+                self._combine("dead", keys, vals, layout.key_block(2).start, row)
         self._row_steps[self._slot] = self._step
         # the orders are the same at almost every step: store one tuple per distinct order
         fwd, bwd = tuple(self._fwd_order), tuple(self._bwd_order)
         self._row_fwd[self._slot] = self._orders.setdefault(fwd, fwd)
         self._row_bwd[self._slot] = self._orders.setdefault(bwd, bwd)
+
+    def _fused_wanted(self) -> bool:
+        """Whether the compiled kernels are wanted for the model as it is now (the `fused_stats` policy)."""
+        if self.fused_stats is False or self._compile_failed or not self._params:
+            return False
+        if self.fused_stats:
+            return True
+        key = ("fused-wanted", self._params[0].device)
+        if key not in self._cache:
+            on_cpu = all(p.device.type == "cpu" for p in self._params)
+            self._cache_put(key, on_cpu and sum(p.numel() for p in self._params) >= FUSED_MIN_NUMEL)
+        return self._cache[key]
 
     def _kernel(self, present: list[int], tensors: list[Tensor]) -> Kernel | None:
         """ "compiled" where the fused kernels are wanted and still possible, else None (the eager kernels)."""

@@ -186,6 +186,72 @@ def test_output_statistics_of_conv_maps_match_references(memory_format, outputs:
         assert math.isclose(s.module(name, "dead_fraction")[0], dead.item(), rel_tol=1e-6)
 
 
+@needs_compiler
+def test_compiled_activation_statistics_match_the_hooks() -> None:
+    """With the fused kernels, activation outputs are kept until the end of the step and reduced by one compiled
+    kernel; the values equal those the hooks compute."""
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    results = []
+    for fused in (False, True):
+        model = ConvNet()
+        with GradientFlow(model, alarms=False, fused_stats=fused) as flow:
+            for _ in range(2):
+                model.zero_grad()
+                model(x).pow(2).sum().backward()
+                flow.step()
+        assert flow._deferrable == {"relu1", "relu2"}
+        results.append(flow.read())
+    assert "_act_rows" in flow_module._COMPILED
+    eager, fused = results
+    for name in ("relu1", "relu2"):
+        np.testing.assert_allclose(fused.module(name, "act_norm"), eager.module(name, "act_norm"), rtol=1e-5)
+        np.testing.assert_array_equal(fused.module(name, "dead_fraction"), eager.module(name, "dead_fraction"))
+    assert fused.module("relu1", "dead_fraction")[0] == pytest.approx(1 / 4)
+
+
+class ScaledAfterActivation(nn.Module):
+    """The activation's output is modified in place after it ran (LeakyReLU saves its input, not its output, so
+    autograd allows it): a kept output would be stale at the end of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(3, 4)
+        self.act = nn.LeakyReLU(0.1)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc(x))
+        h.mul_(2.0)
+        return self.head(h)
+
+
+@needs_compiler
+def test_activation_output_modified_in_place_later_falls_back_to_the_hook() -> None:
+    model = ScaledAfterActivation()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with GradientFlow(model, alarms=False, fused_stats=True) as flow:
+        train(model, flow=flow, opt=opt, steps=3)
+    s = flow.read()
+    assert flow._eager_outputs == {"act"}
+    present = s.module_present["act_norm"][:, s.modules.index("act")]
+    assert present.tolist() == [False, True, True]  # lost at the first step, taken in the hook from then on
+    expected = torch.nn.functional.leaky_relu(model.fc(X), 0.1).norm().item()  # before the in-place scaling
+    assert all(close(v, expected) for v in s.module("act", "act_norm")[1:])
+
+
+@needs_compiler
+def test_compiled_activation_statistics_with_gradient_accumulation() -> None:
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with GradientFlow(model, optimizer=opt, alarms=False, fused_stats=True) as flow:
+        train(model, opt=opt, steps=2, micro=3)
+    s = flow.read()
+    assert s.steps.tolist() == [0, 1]
+    assert all(close(v, 2.0) for v in s.module("relu", "act_norm"))  # the mean over the three micro-steps
+    assert all(close(v, 0.5) for v in s.module("relu", "dead_fraction"))
+
+
 @pytest.mark.parametrize("kernel", ["eager", "foreach", pytest.param("compiled", marks=needs_compiler)])
 def test_statistics_kernels_agree(kernel: str) -> None:
     g = torch.Generator().manual_seed(0)
