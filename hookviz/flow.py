@@ -11,12 +11,15 @@ the norm of the gradient w.r.t. the output of every watched module). It is built
   ``buffer_steps`` recorded steps late, always naming the exact step (``buffer_steps=1`` checks every step, at the
   price of one sync per step).
 - **Cost.** A recorded step reads each parameter gradient (on accelerators with three multi-tensor ``foreach``
-  kernels; on the CPU once, with a kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad|
-  in one pass: `fused_stats`) and each activation output once; the update ratio reads the parameters three times (a
-  snapshot before the step, the difference after it). benchmarks/bench_flow.py (resnet18 training step on 2 CPU
-  cores, batch 16, 64x64; the paired overhead, median of 7 processes): 4.4% at ``every=1``; one process: 13%
-  with the eager kernels, 10% with ``output_stats="all"``, 12% with the update ratio, 1.5% at ``every=4``;
-  ``detect_anomaly`` costs 25-27% there. ``every=N`` divides the cost by N.
+  kernels; on the CPU once, with a kernel compiled by ``torch.compile`` that takes the norm, sum and max of |grad| in
+  one pass: `fused_stats`) and each activation output once (with the fused kernels the activation outputs are kept
+  until the step is taken and reduced by one compiled kernel too; an output modified in place after its module ran is
+  caught by its version counter, loses that step's statistics and is reduced in the hook from then on); the update
+  ratio reads the parameters three times (a snapshot before the step, the difference after it).
+  benchmarks/bench_flow.py (resnet18 training step on 2 CPU cores, batch 16, 64x64; the paired overhead, median of 7
+  processes): 3.6% and 4.0% at ``every=1`` in two runs; one process with every variant: 8% with the eager kernels,
+  10% with ``output_stats="all"``, 13% with the update ratio, 1% at ``every=4``; ``detect_anomaly`` costs 25-28%
+  there. ``every=N`` divides the cost by N.
 - **Hooks chosen on purpose.** Forward hooks on the parameter-free watched modules (activations, custom layers) and
   tensor hooks on the outputs of those whose backward could create a NaN (not the stock activations and pooling
   layers of `TRANSPARENT`); never full backward hooks (which break on in-place operations, pytorch#61519). For the
@@ -54,10 +57,12 @@ optimizer takes (use manual mode to see every iteration, with ``Alarms(nonfinite
 overflow steps a scaler takes to settle).
 
 **Footguns.** Forward passes in eval mode or under ``torch.no_grad()`` are ignored (validation does not pollute the
-statistics). With activation checkpointing, the forward recomputed during the backward pass shows up as further calls
-of the checkpointed modules (``"name#1"`` keys). A module's parameters are attributed to its first call key. Which
-module feeds which is learnt from the first recorded forward passes: a model whose structure changes later gets
-less precise NaN culprits (``output_stats="all"`` records the backward order at every step).
+statistics). The activation outputs kept for the compiled kernel live until the step is taken, a little longer than
+autograd would keep them (with gradient accumulation, until the next micro-step's forward). With activation
+checkpointing, the forward recomputed during the backward pass shows up as further calls of the checkpointed modules
+(``"name#1"`` keys). A module's parameters are attributed to its first call key. Which module feeds which is learnt
+from the first recorded forward passes: a model whose structure changes later gets less precise NaN culprits
+(``output_stats="all"`` records the backward order at every step).
 
 **DistributedDataParallel.** Pass the wrapped model or the inner module (names differ by the ``module.`` prefix).
 Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced (averaged) gradient: they
