@@ -875,10 +875,7 @@ class GradientFlow:
             # anyway); the version counter tells whether it is modified in place before then
             self._deferred.append((key, name, value, value._version, name in self._relu_like))
             return
-        rows = _row_norms(value)
-        self._fwd.append((key, _partial_norm(value, rows)))
-        if name in self._relu_like:
-            self._dead.append((key, *_unit_values(value, self.unit_dim, rows)))
+        self._output_stats(key, value, name in self._relu_like)
         if out.requires_grad and self._tensor_hooks is not None and name in self._grad_probes:
             self._tensor_hooks.tensor(out, partial(self._on_grad, key))
 
@@ -886,6 +883,13 @@ class GradientFlow:
         self._grads.append((key, _partial_norm(grad)))
         if key not in self._bwd_order:
             self._bwd_order[key] = None
+
+    def _output_stats(self, key: str, value: Tensor, relu: bool) -> None:
+        """The eager statistics of one module output: its partial norm and, for ReLUs, the values of its units."""
+        rows = _row_norms(value)
+        self._fwd.append((key, _partial_norm(value, rows)))
+        if relu:
+            self._dead.append((key, *_unit_values(value, self.unit_dim, rows)))
 
     def _process_deferred(self) -> None:
         """Statistics of the kept activation outputs, with one compiled kernel (or, if compiling fails, eagerly)."""
@@ -906,10 +910,7 @@ class GradientFlow:
                 stats = self._try_compiled(lambda: _compiled(_act_rows)(values, relu))
             if stats is None:
                 for (key, _, _, _, r), v in zip(fresh, values, strict=True):
-                    rows = _row_norms(v)
-                    self._fwd.append((key, _partial_norm(v, rows)))
-                    if r:
-                        self._dead.append((key, *_unit_values(v, self.unit_dim, rows)))
+                    self._output_stats(key, v, r)
                 return
         for i, (key, _, _, _, r) in enumerate(fresh):
             self._fwd.append((key, stats[0, i]))
@@ -954,7 +955,7 @@ class GradientFlow:
                 idx = self._index(("params", tuple(present)), present)
                 grads = [self._params[i].grad for i in present]
                 if self.abs_stats:
-                    stats = list(self._param_stats(present, grads, dev))  # type: ignore[arg-type]
+                    stats = list(self._param_stats(grads, dev))  # type: ignore[arg-type]
                 else:
                     stats = [_norms([_dense(g) for g in grads], dev)]  # type: ignore[arg-type]
                 scale = self._scale() if self._param_grads_scaled() else None
@@ -964,7 +965,7 @@ class GradientFlow:
                     params = [self._params[i].detach() for i in present]
                     snaps = [self._snapshot_buffer(i) for i in present]
                     weight_norms = None
-                    if self._kernel(present, params) == "compiled":  # copy and norm in one pass
+                    if self._fused_wanted():  # copy and norm in one pass
                         weight_norms = self._try_compiled(lambda: _compiled(_snapshot_rows)(params, snaps))
                     if weight_norms is None:
                         weight_norms = _norms(params, dev)
@@ -1002,19 +1003,6 @@ class GradientFlow:
             self._cache_put(key, on_cpu and sum(p.numel() for p in self._params) >= FUSED_MIN_NUMEL)
         return self._cache[key]
 
-    def _kernel(self, present: list[int], tensors: list[Tensor]) -> Kernel | None:
-        """ "compiled" where the fused kernels are wanted and still possible, else None (the eager kernels)."""
-        if self.fused_stats is False or self._compile_failed:
-            return None
-        if self.fused_stats:
-            return "compiled"
-        key = ("kernel", tuple(present))
-        if key not in self._cache:
-            on_cpu = all(t.device.type == "cpu" for t in tensors)
-            big = on_cpu and sum(t.numel() for t in tensors) >= FUSED_MIN_NUMEL
-            self._cache_put(key, "compiled" if big else None)
-        return self._cache[key]
-
     def _try_compiled(self, compute: Callable[[], Any]) -> Any:
         """compute() with compiled kernels; None (and the eager kernels from now on) if compiling fails."""
         try:
@@ -1030,8 +1018,8 @@ class GradientFlow:
             )
             return None
 
-    def _param_stats(self, present: list[int], grads: list[Tensor], dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        if self._kernel(present, grads) == "compiled":
+    def _param_stats(self, grads: list[Tensor], dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        if self._fused_wanted():
             stats = self._try_compiled(lambda: _grad_stats(grads, dev, self._scratch, "compiled"))
             if stats is not None:
                 return stats
@@ -1101,7 +1089,7 @@ class GradientFlow:
             snaps = [self._snaps[i] for i in present]
             params = [self._params[i].detach() for i in present]
             update = None
-            if self._kernel(present, params) == "compiled":  # ||w_before - w_after|| without writing it
+            if self._fused_wanted():  # ||w_before - w_after|| without writing it
                 update = self._try_compiled(lambda: _compiled(_update_rows)(snaps, params))
             if update is None:
                 _foreach_sub_(snaps, params)  # w_before - w_after
