@@ -31,6 +31,16 @@ from .methods import (
     XGradCAM,
     get_method,
 )
+from .metrics import (
+    Evaluation,
+    SanityReport,
+    deletion,
+    energy_in_mask,
+    evaluate,
+    insertion,
+    pointing_game,
+    sanity_check,
+)
 from .record import ActivationRecorder, GradientRecorder
 from .targets import Targets, batched_grad
 
@@ -47,6 +57,7 @@ __all__ = [
     "Batch",
     "Alarm",
     "Alarms",
+    "Evaluation",
     "Explanation",
     "FlowReport",
     "FlowStats",
@@ -68,15 +79,23 @@ __all__ = [
     "HookManager",
     "Preset",
     "Saliency",
+    "SanityReport",
     "ScoreCAM",
     "SmoothGrad",
     "Targets",
     "XGradCAM",
     "batched_grad",
+    "deletion",
+    "energy_in_mask",
+    "evaluate",
     "grid",
     "get_method",
     "hook_counts",
+    "insertion",
     "load_images",
+    "metrics",
+    "pointing_game",
+    "sanity_check",
     "save_figure",
     "select_modules",
     "__version__",
