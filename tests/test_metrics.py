@@ -435,6 +435,34 @@ def test_sanity_check_leaves_model_and_global_rng_unchanged() -> None:
     assert not model[0].weight.requires_grad and model[2].weight.requires_grad and not model.training
 
 
+def test_keyboard_interrupt_inside_the_metrics_restores_model_and_rng() -> None:
+    model = tiny_cnn().train()
+    before = copy.deepcopy(model.state_dict())
+    calls = []
+
+    def boom(module, args, out):  # copied along with the model by deepcopy: fires in the randomised copy too
+        calls.append(module)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    handle = model[0].register_forward_hook(boom)
+    x = torch.rand(2, 3, 8, 8)
+    rng = torch.get_rng_state()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hv.sanity_check(hv.Saliency(model), x, 0)
+        assert calls[1] is not model[0]  # it was the copy's forward that was interrupted
+        assert torch.equal(torch.get_rng_state(), rng)
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            hv.deletion(model, x, torch.rand(2, 1, 8, 8), 0, steps=2)
+    finally:
+        handle.remove()
+    assert all(m.training for m in model.modules())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 def test_sanity_check_bad_input() -> None:
     class NoReset(nn.Module):
         def __init__(self) -> None:

@@ -173,9 +173,10 @@ def sanity_check(
     model. Conventions of Quantus's ``MPRT``:
 
     - the method is deep-copied together with its model (`copy.deepcopy`; the user's model and method are never
-      changed), and the copy's modules that have ``reset_parameters`` are randomised in reverse ``named_modules()``
-      order (from the output back to the input): cumulatively (``"cascade"``, Quantus's ``"top_down"``) or one at a
-      time from the original weights (``"independent"``);
+      changed; hooks already on the model are copied with it and also run on the copy), and the copy's modules
+      that have ``reset_parameters`` are randomised in reverse ``named_modules()`` order (from the output back to
+      the input): cumulatively (``"cascade"``, Quantus's ``"top_down"``) or one at a time from the original weights
+      (``"independent"``; Quantus goes in forward order there, the per-layer values are the same);
     - ``torch.manual_seed(seed + 1)`` before each reset (the global RNG state is restored afterwards);
     - after each step the copied method (same options, same layer) explains the same images for the same targets
       (``None``: the original model's top classes, fixed for every step), and the Spearman rank correlation between
