@@ -343,6 +343,11 @@ def test_deletion_bad_input(model, kwargs, error, match) -> None:
         hv.deletion(model, x, args.pop("attributions"), args.pop("target"), **args)
 
 
+def test_blur_baseline_needs_images_larger_than_half_the_kernel() -> None:
+    with pytest.raises(ValueError, match=r"baseline='blur' needs images larger than 5 pixels per side, got 4x4"):
+        hv.insertion(weighted_model(), torch.ones(1, 1, 4, 4), torch.rand(1, 1, 4, 4), 0)
+
+
 def test_deletion_with_a_callable_target_on_a_segmentation_model() -> None:
     x = torch.rand(2, 3, 4, 4)
     a = torch.rand(2, 1, 4, 4)
