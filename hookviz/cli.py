@@ -54,58 +54,100 @@ class UsageError(Exception):
 
 # ---------------------------------------------------------------------------------------------------- demo
 
+DEMO_METHODS = ("guided-backprop", "gradcam", "guided-gradcam")
+
+
+def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
+    """Indices of the first images of `rows` different classes (in the order they come)."""
+    picked: list[int] = []
+    seen: set[int] = set()
+    for i, label in enumerate(labels.tolist()):
+        if label not in seen:
+            seen.add(label)
+            picked.append(i)
+            if len(picked) == rows:
+                break
+    return picked
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from torchvision import models
-
-    from . import GradCAM, GuidedBackprop, Saliency
+    from . import GradCAM, GuidedBackprop, GuidedGradCAM
     from .figures import grid, save_figure
     from .inputs import Preset
-    from .zoo import shapes_image
+    from .methods import get_method
+    from .metrics import pointing_game
+    from .zoo import shapes, shapes_model
 
-    torch.manual_seed(args.seed)
-    # Placeholder until the embedded shapes model ships: an untrained network shows how hookviz works, not what a
-    # trained network has learned.
-    model = models.resnet18(weights=None).eval()
-    image = args.image if args.image else shapes_image(args.size, seed=args.seed)
-    preset = Preset("demo", args.size, args.size, IMAGENET_MEAN, IMAGENET_STD)
+    if args.dpi <= 0:
+        raise UsageError(f"--dpi: expected a positive number, got {args.dpi}")
+    if args.pointing_images < 1:
+        raise UsageError(f"--pointing-images: expected at least 1 image, got {args.pointing_images}")
+    if args.image is not None:
+        _check_images([args.image])
+    model = shapes_model()
+    data = shapes(max(args.pointing_images, 64), seed=args.seed)  # fresh images: training never draws this seed
+    classes = list(data.classes)
 
-    target = 0
+    if args.image is not None:
+        # the user's image, resized (shorter side) and center-cropped to the 64 pixels the model was trained at; the
+        # model normalises its [0, 1] input itself
+        images: Any = args.image
+        preprocess: Any = Preset("shapes", 64, 64, None, None)
+        truth: list[int | None] = [None]
+    else:
+        rows = _demo_rows(data.labels, 4)
+        x = data.images[rows]
+        images = list(x.permute(0, 2, 3, 1).numpy())  # HxWxC arrays in [0, 1]: shown as they are, not rescaled
+        preprocess = None
+        truth = data.labels[rows].tolist()
     gradcam = GradCAM(model)
     exps = [
-        GuidedBackprop(model).visualize(image, target=target, preprocess=preset),
-        Saliency(model).visualize(image, target=target, preprocess=preset),
-        gradcam.visualize(image, target=target, preprocess=preset),
+        m.visualize(images, preprocess=preprocess, labels=classes)
+        for m in (GuidedBackprop(model), gradcam, GuidedGradCAM(model))
     ]
+    with torch.no_grad():
+        probs = model(exps[0].inputs).softmax(dim=1)
+    row_labels = []
+    for i, true in enumerate(truth):
+        p, c = probs[i].max(dim=0)
+        label = f"{classes[int(c)]} {float(p):.2f}"
+        row_labels.append(label if true is None or true == int(c) else f"{label} (is {classes[true]})")
+    source = Path(args.image).name if args.image is not None else f"shapes seed {args.seed}"
     fig = grid(
         exps,
         overlay="auto",
-        col_labels=["input", "Guided Backprop", "Saliency |grad|", f"Grad-CAM ({gradcam.layer})"],
-        row_labels=[f"target class {target}"],
-        title=f"hookviz demo: resnet18 (untrained, weights=None, seed {args.seed})",
-        size=(8.3, 2.7),  # screen-sized cells and fonts: the demo is looked at, not printed
-        rc={"axes.titlesize": 10, "axes.labelsize": 10, "figure.titlesize": 11},
+        col_labels=["input", "Guided Backprop", f"Grad-CAM ({gradcam.layer})", "Guided Grad-CAM"],
+        row_labels=row_labels,
+        title=f"hookviz demo: the shapes CNN (trained, embedded), {source}; rows: predicted class and probability",
+        size=(7.2, 1.75 * len(row_labels) + 0.45),  # screen-sized cells and fonts: the demo is looked at, not printed
+        rc={"axes.titlesize": 10, "axes.labelsize": 10, "figure.titlesize": 10},
         dpi=args.dpi,
     )
     out = save_figure(fig, args.out)
     print(
-        f"hookviz demo: explained a {args.size}x{args.size} sample image with Guided Backprop, Saliency and Grad-CAM "
-        f"on an UNTRAINED resnet18 (weights=None, seed {args.seed}; no weights are downloaded), so the maps show the "
-        "mechanics, not learned evidence."
+        f"hookviz demo: explained {'your image (resized to 64x64)' if args.image else 'four fresh shapes images'} "
+        "with Guided Backprop, Grad-CAM and Guided Grad-CAM on the embedded shapes CNN (trained on synthetic "
+        "shapes, 8 classes; nothing is downloaded)"
     )
     print(f"wrote {out.resolve()}")
+    # how often each method's maximum lies on the object, for the images' true classes (Zhang et al. 2018)
+    n = args.pointing_images
+    x, y, masks = data.images[:n], data.labels[:n], data.masks[:n]
+    for name in DEMO_METHODS:
+        hits = pointing_game(get_method(name)(model).attribute(x, y), masks)
+        print(f"pointing game ({n} images): {name} {hits.nanmean().item():.2f}")
     return 0
 
 
 # ---------------------------------------------------------------------------------------------------- explain
 
 
-def _parse_methods(spec: str) -> list[str]:
+def _parse_methods(spec: str, flag: str = "--method") -> list[str]:
     from .methods import METHODS
 
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
-        raise UsageError(f"--method: expected a method name or comma-separated names, got {spec!r}")
+        raise UsageError(f"{flag}: expected a method name or comma-separated names, got {spec!r}")
     for name in names:
         if name not in METHODS:
             close = difflib.get_close_matches(name, list(METHODS), n=1)
@@ -335,18 +377,208 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------------- evaluate
+
+EVALUATE_METHODS = (
+    "saliency,input-x-gradient,integrated-gradients,smoothgrad,guided-backprop,deconvnet,gradcam,gradcam++,"
+    "layercam,xgradcam,hirescam,scorecam,guided-gradcam"
+)
+
+EVALUATE_DESCRIPTION = """\
+Evaluate attribution methods on fresh images of hookviz's shapes data set, which come with object masks, and print
+a markdown table: one row per method; columns: the pointing game and the energy in the mask (localisation), RISE's
+deletion and insertion AUC (faithfulness: zeros and a blurred image as baselines) and the Spearman correlation
+between the maps of the model and of the model with all its weights randomised (the sanity check of Adebayo et al.;
+low is good: maps that survive randomisation do not explain the model). See hookviz.metrics for the conventions.
+
+models:
+  shapes                      the embedded shapes CNN (default), trained on the shapes data set
+  torchvision:NAME[:WEIGHTS], torchvision:NAME --weights FILE.pt, PATH.pt
+                              as for `hookviz explain` (see `hookviz explain --help`): images in [0, 1] are then
+                              normalised with the weights' or the ImageNet mean and std (--normalize none: as they
+                              are); the labels are classes 0..7 of the shapes data set, so such a model should have
+                              been trained on it
+
+example:
+  hookviz evaluate --methods gradcam,guided-backprop --data shapes:500 --steps 50 --out table.md
+"""
+
+
+class _Normalized(nn.Module):
+    """(x - mean) / std in front of a model, so that the metrics perturb images in [0, 1]."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(list(mean)).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(list(std)).view(1, -1, 1, 1), persistent=False)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.model((x - self.mean) / self.std)
+
+
+def _parse_data(spec: str) -> int:
+    name, _, count = spec.partition(":")
+    try:
+        n = int(count)
+    except ValueError:
+        n = -1
+    if name != "shapes" or n < 1:
+        raise UsageError(f"--data: expected shapes:N with N >= 1 images (e.g. shapes:500), got {spec!r}")
+    return n
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import dataclasses
+    import warnings
+
+    from .figures import SAVE_FORMATS
+    from .methods import get_method
+    from .metrics import Evaluation, SanityReport, evaluate, sanity_check
+    from .zoo import shapes, shapes_model
+
+    names = _parse_methods(args.methods, "--methods")
+    n = _parse_data(args.data)
+    for flag, value, low in (
+        ("--steps", args.steps, 1),
+        ("--sanity-n", args.sanity_n, 0),
+        ("--batch-size", args.batch_size, 1),
+    ):
+        if value < low:
+            raise UsageError(f"{flag}: expected an integer >= {low}, got {value}")
+    if args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    if args.sanity_figure is not None:
+        if Path(args.sanity_figure).suffix.lower() not in SAVE_FORMATS:
+            raise UsageError(
+                f"--sanity-figure: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; "
+                f"got {args.sanity_figure!r}"
+            )
+        if args.sanity_n == 0:
+            raise UsageError("--sanity-figure needs --sanity-n >= 1 images")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+
+    data = shapes(n, seed=args.seed)
+    if args.model == "shapes":
+        if args.weights is not None:
+            raise UsageError("--weights applies to --model torchvision:NAME; the shapes model carries its own weights")
+        model: nn.Module = shapes_model()
+        mean = std = None
+        if args.normalize == "imagenet":
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        described = "the embedded shapes CNN"
+    else:
+        args.size = data.images.shape[-1]
+        model, preprocess, _, note = _load_model(args)
+        if note.startswith("note:"):
+            print(note, file=sys.stderr)
+        mean, std = getattr(preprocess, "mean", None), getattr(preprocess, "std", None)
+        if args.normalize == "none":
+            mean = std = None
+        described = args.model
+    if mean is not None and std is not None:
+        model = _Normalized(model, mean, std)
+    model = model.to(device).eval()
+
+    methods = [get_method(name)(model) for name in names]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = evaluate(
+            methods,
+            model,
+            data,
+            target=args.target,
+            steps=args.steps,
+            sanity_n=0,  # below, so that the curves can be drawn as well
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=sys.stderr.isatty(),
+        )
+        if args.sanity_n > 0:
+            # as evaluate does: the same method instances, the first sanity_n images, the same targets
+            k = min(args.sanity_n, n)
+            x = data.images[:k].to(device)
+            if args.target == "label":
+                t = data.labels[:k].to(device)
+            else:
+                with torch.no_grad():
+                    t = model(x).argmax(dim=1)
+            reports = [
+                dataclasses.replace(sanity_check(m, x, t, seed=args.seed), method=name)
+                for name, m in zip(names, methods, strict=True)
+            ]
+            final = torch.stack([r.final.nanmean() for r in reports])
+            result = Evaluation(
+                result.methods,
+                [*result.metrics, "sanity ρ"],
+                torch.cat([result.table, final[:, None]], dim=1),
+                {
+                    name: {**result.scores[name], "sanity ρ": r.final}
+                    for name, r in zip(result.methods, reports, strict=True)
+                },
+                n=result.n,
+                steps=result.steps,
+            )
+            if args.sanity_figure is not None:
+                from matplotlib.figure import Figure
+
+                from .figures import save_figure
+
+                ax = Figure(figsize=(7.5, 4.2)).subplots()  # plot() lays it out (tight_layout)
+                fig = SanityReport.plot_many(reports, ax, band=False)
+                ax.set_title(f"sanity check (model randomisation): {described}, {k} shapes images", fontsize=10)
+                ax.legend(fontsize=7, ncol=2, loc="upper right")
+                path = save_figure(fig, args.sanity_figure)
+                print(f"wrote {path.resolve()}", file=sys.stderr)
+    if caught:
+        print(f"note: {len(caught)} warning(s) during the evaluation; the first: {caught[0].message}", file=sys.stderr)
+
+    table = result.to_markdown()
+    k = min(args.sanity_n, n)
+    sanity = f", sanity check on {k} image{'s' if k > 1 else ''} (cascading randomisation)" if k else ""
+    classes = "true" if args.target == "label" else "predicted"
+    caption = (
+        f"{described}, {n} fresh shapes images (seed {args.seed}), explaining the {classes} classes; deletion (zeros) "
+        f"and insertion (blur) with {args.steps} steps{sanity}."
+    )
+    print(table)
+    print()
+    print(caption)
+    if args.out is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
+        print(f"wrote {out.resolve()}", file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------- main
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hookviz", description="Interpretability for PyTorch, built on hooks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="explain a sample image end to end and write a PNG figure")
+    demo = sub.add_parser(
+        "demo",
+        help="explain fresh shapes images with the embedded trained model, write a PNG figure and print how often "
+        "each method points at the object",
+    )
     demo.add_argument("--out", default="hookviz-demo.png", help="where to write the figure (default: %(default)s)")
-    demo.add_argument("--image", default=None, help="an image file to explain instead of the built-in shapes image")
-    demo.add_argument("--size", type=int, default=128, help="input size in pixels (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the untrained model and sample image")
+    demo.add_argument(
+        "--image", default=None, help="an image file to explain with the shapes model (resized to 64x64) instead"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of the shapes images (default: %(default)s)")
     demo.add_argument("--dpi", type=int, default=120)
+    demo.add_argument(
+        "--pointing-images",
+        type=int,
+        default=200,
+        metavar="N",
+        help="fresh shapes images the pointing game is played on (default: %(default)s)",
+    )
 
     ex = sub.add_parser(
         "explain",
@@ -401,6 +633,53 @@ def _parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--title", default=None, help="a figure title")
     ex.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="a methods x metrics table (pointing game, energy in mask, deletion, insertion, sanity check) on fresh "
+        "shapes images",
+        description=EVALUATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument(
+        "--model",
+        default="shapes",
+        metavar="shapes | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        help="the model (default: %(default)s, the embedded trained CNN); PATH.pt is unpickled: only load files you "
+        "trust",
+    )
+    ev.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as for hookviz explain")
+    ev.add_argument(
+        "--methods", default=EVALUATE_METHODS, metavar="M[,M...]", help="attribution methods (default: all)"
+    )
+    ev.add_argument("--data", default="shapes:500", metavar="shapes:N", help="the images (default: %(default)s)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the images and the randomisation (default: 0)")
+    ev.add_argument("--steps", type=int, default=50, help="deletion and insertion steps (default: %(default)s)")
+    ev.add_argument(
+        "--sanity-n",
+        type=int,
+        default=8,
+        metavar="N",
+        help="images for the sanity check, 0 leaves it out (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--target",
+        choices=("label", "predicted"),
+        default="label",
+        help="explain the true class (default) or the model's top class",
+    )
+    ev.add_argument(
+        "--normalize",
+        choices=("imagenet", "none"),
+        default=None,
+        help="normalise the [0, 1] images before the model (default: none for shapes, else as hookviz explain)",
+    )
+    ev.add_argument("--batch-size", type=int, default=64, metavar="B", help="images per pass (default: %(default)s)")
+    ev.add_argument("--out", default=None, metavar="TABLE.md", help="also write the table there")
+    ev.add_argument(
+        "--sanity-figure", default=None, metavar="FIG", help="also draw the sanity-check curves there (.png, .pdf)"
+    )
+    ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     return parser
 
 
@@ -408,17 +687,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookviz`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "explain":
+    commands = {"demo": _demo, "explain": _explain, "evaluate": _evaluate}
+    if args.command in commands:
         try:
-            return _explain(args)
+            return commands[args.command](args)
         except UsageError as exc:
             message = str(exc)
         except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
             # hookviz's own checks (an out-of-range target, an unreadable image) already say what to fix
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        parser.exit(2, f"hookviz explain: error: {message}\n")
+        parser.exit(2, f"hookviz {args.command}: error: {message}\n")
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -12,22 +12,47 @@ from hookviz.cli import main
 from hookviz.zoo import shapes_image
 
 
-def test_demo_writes_png_and_says_where(tmp_path, capsys) -> None:
+def test_demo_writes_the_figure_and_one_pointing_game_line_per_method(tmp_path, capsys, grids) -> None:
+    from hookviz import GradCAM, GuidedBackprop
+    from hookviz.metrics import pointing_game
+    from hookviz.zoo import CLASSES, shapes, shapes_model
+
     out = tmp_path / "sub" / "demo.png"
-    assert main(["demo", "--out", str(out), "--size", "64", "--dpi", "50"]) == 0
+    assert main(["demo", "--out", str(out), "--dpi", "40", "--pointing-images", "12", "--seed", "3"]) == 0
     printed = capsys.readouterr().out
-    assert f"wrote {out.resolve()}" in printed
-    assert "UNTRAINED resnet18" in printed
+    assert f"wrote {out.resolve()}" in printed and "shapes CNN" in printed
     with Image.open(out) as im:
-        assert im.format == "PNG" and im.size[0] > im.size[1] > 0
+        assert im.format == "PNG" and im.size[0] > 0 and im.size[1] > 0
+    lines = [line for line in printed.splitlines() if line.startswith("pointing game")]
+    assert [line.split()[-2] for line in lines] == ["guided-backprop", "gradcam", "guided-gradcam"]
+    assert all(line.startswith("pointing game (12 images): ") for line in lines)
+    # the printed scores are the metric on the first 12 images of that seed, for their true classes
+    data, model = shapes(12, seed=3), shapes_model()
+    for line, method in zip(lines[:2], (GuidedBackprop, GradCAM), strict=True):
+        hits = pointing_game(method(model).attribute(data.images, data.labels), data.masks)
+        assert float(line.split()[-1]) == pytest.approx(hits.mean().item(), abs=0.005)
+    # four rows of different classes, labelled with the predicted class and its probability
+    ((fig, kwargs),) = grids
+    assert len(fig.axes) == 4 * 4
+    rows = [fig.axes[4 * r].get_ylabel().replace("\n", " ") for r in range(4)]
+    assert all(row.split()[0] in CLASSES and 0 <= float(row.split()[1]) <= 1 for row in rows), rows
+    assert fig.axes[0].images[0].get_array().shape[:2] == (64, 64)
 
 
-def test_demo_on_an_image_file(tmp_path, capsys) -> None:
+def test_demo_on_an_image_file(tmp_path, capsys, grids) -> None:
     src = tmp_path / "img.png"
     shapes_image(80, seed=3).save(src)
     out = tmp_path / "demo.png"
-    assert main(["demo", "--image", str(src), "--out", str(out), "--size", "64", "--dpi", "50"]) == 0
+    assert main(["demo", "--image", str(src), "--out", str(out), "--dpi", "40", "--pointing-images", "4"]) == 0
     assert out.stat().st_size > 0
+    ((fig, _),) = grids
+    assert len(fig.axes) == 4  # one row: the image, resized to the 64 pixels of the shapes model
+    assert fig.axes[0].images[0].get_array().shape[:2] == (64, 64)
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--image", str(tmp_path / "missing.png"), "--out", str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hookviz demo: error: no such image file") and err.count("\n") == 1
 
 
 def test_cli_requires_a_command(capsys) -> None:
@@ -236,3 +261,64 @@ def test_explain_help_warns_about_pickle(capsys) -> None:
     assert exc.value.code == 0
     text = capsys.readouterr().out
     assert "only load files you trust" in text and "torchvision:NAME[:WEIGHTS]" in text
+
+
+# ---------------------------------------------------------------------------------------------------- evaluate
+
+
+def evaluate_cli(*args: str) -> int:
+    return main(["evaluate", "--data", "shapes:8", "--steps", "4", "--sanity-n", "2", *args])
+
+
+def test_evaluate_prints_the_table_of_hookviz_metrics_evaluate(tmp_path, capsys) -> None:
+    from hookviz import GradCAM
+    from hookviz.metrics import evaluate, sanity_check
+    from hookviz.zoo import shapes, shapes_model
+
+    table, fig = tmp_path / "table.md", tmp_path / "sanity.png"
+    assert evaluate_cli("--methods", "gradcam,saliency", "--out", str(table), "--sanity-figure", str(fig)) == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert lines[0] == "| method | pointing game ↑ | energy in mask ↑ | deletion AUC ↓ | insertion AUC ↑ | sanity ρ ↓ |"
+    rows = {line.split("|")[1].strip(): [float(v) for v in line.split("|")[2:-1]] for line in lines[2:4]}
+    assert list(rows) == ["gradcam", "saliency"]
+    assert "8 fresh shapes images (seed 0)" in printed and "4 steps" in printed and "2 images" in printed
+    assert table.read_text().startswith(lines[0]) and "| saliency |" in table.read_text()
+    with Image.open(fig) as im:
+        assert im.format == "PNG"
+    # the same numbers as the library's evaluate and sanity_check with these settings
+    data, model = shapes(8, seed=0), shapes_model()
+    ref = evaluate(["gradcam", "saliency"], model, data, steps=4, sanity_n=0, seed=0, progress=False)
+    for i, name in enumerate(ref.methods):
+        assert rows[name][:4] == pytest.approx(ref.table[i].tolist(), abs=5e-4)
+    sanity = sanity_check(GradCAM(model), data.images[:2], data.labels[:2], seed=0).final.nanmean()
+    assert rows["gradcam"][4] == pytest.approx(sanity.item(), abs=5e-4)
+
+
+def test_evaluate_without_sanity_check_and_on_predicted_classes(capsys) -> None:
+    assert main(["evaluate", "--methods", "gradcam", "--data", "shapes:4", "--steps", "2", "--sanity-n", "0",
+                 "--target", "predicted"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "sanity" not in printed.splitlines()[0] and printed.count("| gradcam |") == 1
+    assert "explaining the predicted classes" in printed
+
+
+def evaluate_fails(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        evaluate_cli(*args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hookviz evaluate: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_evaluate_errors_are_one_line_with_exit_code_2(tmp_path, capsys) -> None:
+    assert "did you mean 'gradcam'" in evaluate_fails(capsys, "--methods", "gradcm")
+    assert "--data: expected shapes:N" in evaluate_fails(capsys, "--methods", "gradcam", "--data", "mnist:10")
+    assert "--data: expected shapes:N" in evaluate_fails(capsys, "--methods", "gradcam", "--data", "shapes:0")
+    assert "--steps: expected an integer >= 1" in evaluate_fails(capsys, "--methods", "gradcam", "--steps", "0")
+    err = evaluate_fails(capsys, "--methods", "gradcam", "--sanity-figure", str(tmp_path / "s.gif"))
+    assert "--sanity-figure" in err and ".png" in err
+    err = evaluate_fails(capsys, "--methods", "gradcam", "--weights", str(tmp_path / "w.pt"))
+    assert "--weights applies to --model torchvision:NAME" in err
+    assert "no such model file" in evaluate_fails(capsys, "--methods", "gradcam", "--model", str(tmp_path / "m.pt"))
