@@ -448,6 +448,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag}: expected an integer >= {low}, got {value}")
     if args.seed < 0:
         raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    if not args.tolerance >= 0:
+        raise UsageError(f"--tolerance: expected a distance in pixels >= 0, got {args.tolerance}")
     if args.sanity_figure is not None:
         if Path(args.sanity_figure).suffix.lower() not in SAVE_FORMATS:
             raise UsageError(
@@ -492,6 +494,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             data,
             target=args.target,
             steps=args.steps,
+            tolerance=args.tolerance,
             sanity_n=0,  # below, so that the curves can be drawn as well
             seed=args.seed,
             batch_size=args.batch_size,
@@ -540,9 +543,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     k = min(args.sanity_n, n)
     sanity = f", sanity check on {k} image{'s' if k > 1 else ''} (cascading randomisation)" if k else ""
     classes = "true" if args.target == "label" else "predicted"
+    tolerance = f" (pointing game within {args.tolerance:g} pixels)" if args.tolerance else ""
     caption = (
-        f"{described}, {n} fresh shapes images (seed {args.seed}), explaining the {classes} classes; deletion (zeros) "
-        f"and insertion (blur) with {args.steps} steps{sanity}."
+        f"{described}, {n} fresh shapes images (seed {args.seed}), explaining the {classes} classes{tolerance}; "
+        f"deletion (zeros) and insertion (blur) with {args.steps} steps{sanity}."
     )
     print(table)
     print()
@@ -661,6 +665,13 @@ def _parser() -> argparse.ArgumentParser:
         default=8,
         metavar="N",
         help="images for the sanity check, 0 leaves it out (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="PX",
+        help="pointing game: a hit within this many pixels of the object (default: 0, on the object)",
     )
     ev.add_argument(
         "--target",

@@ -295,12 +295,20 @@ def test_evaluate_prints_the_table_of_hookviz_metrics_evaluate(tmp_path, capsys)
     assert rows["gradcam"][4] == pytest.approx(sanity.item(), abs=5e-4)
 
 
-def test_evaluate_without_sanity_check_and_on_predicted_classes(capsys) -> None:
-    assert main(["evaluate", "--methods", "gradcam", "--data", "shapes:4", "--steps", "2", "--sanity-n", "0",
-                 "--target", "predicted"]) == 0  # fmt: skip
+def test_evaluate_without_sanity_check_on_predicted_classes_with_a_tolerance(capsys) -> None:
+    from hookviz import GradCAM
+    from hookviz.metrics import pointing_game
+    from hookviz.zoo import shapes, shapes_model
+
+    assert main(["evaluate", "--methods", "gradcam", "--data", "shapes:6", "--steps", "2", "--sanity-n", "0",
+                 "--target", "predicted", "--tolerance", "4"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "sanity" not in printed.splitlines()[0] and printed.count("| gradcam |") == 1
-    assert "explaining the predicted classes" in printed
+    assert "explaining the predicted classes (pointing game within 4 pixels)" in printed
+    data, model = shapes(6, seed=0), shapes_model()
+    predicted = model(data.images).argmax(dim=1)
+    hits = pointing_game(GradCAM(model).attribute(data.images, predicted), data.masks, tolerance=4)
+    assert float(printed.splitlines()[2].split("|")[2]) == pytest.approx(hits.mean().item(), abs=5e-4)
 
 
 def evaluate_fails(capsys, *args: str) -> str:
@@ -317,6 +325,7 @@ def test_evaluate_errors_are_one_line_with_exit_code_2(tmp_path, capsys) -> None
     assert "--data: expected shapes:N" in evaluate_fails(capsys, "--methods", "gradcam", "--data", "mnist:10")
     assert "--data: expected shapes:N" in evaluate_fails(capsys, "--methods", "gradcam", "--data", "shapes:0")
     assert "--steps: expected an integer >= 1" in evaluate_fails(capsys, "--methods", "gradcam", "--steps", "0")
+    assert "--tolerance: expected a distance" in evaluate_fails(capsys, "--methods", "gradcam", "--tolerance", "-1")
     err = evaluate_fails(capsys, "--methods", "gradcam", "--sanity-figure", str(tmp_path / "s.gif"))
     assert "--sanity-figure" in err and ".png" in err
     err = evaluate_fails(capsys, "--methods", "gradcam", "--weights", str(tmp_path / "w.pt"))
