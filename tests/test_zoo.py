@@ -141,16 +141,29 @@ def test_shapes_model_has_the_hard_cases(model) -> None:
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     name, layer = choose_layer(model, x)
     assert name == "features" and layer is model.features
-    assert hv.GradCAM(model).attribute(x, target=0).shape == (4, 1, 8, 8)
+    assert hv.GradCAM(model).attribute(x, target=0).shape == (4, 1, 16, 16)
 
 
 def test_grad_cam_points_at_the_object(model) -> None:
-    """Pointing game (Zhang et al., 2016, without tolerance): the upsampled map's maximum lies on the object."""
+    """Pointing game (Zhang et al., 2016, without tolerance): the upsampled map's maximum lies on the object.
+
+    Over 400 images (seed 321) the shipped model scores 0.83 on the mask (0.90 without rings, whose peak often falls
+    in the hole) and 0.93 on the box; here 100 images, with some slack. An untrained model points at random.
+    """
     data = zoo.shapes(100, seed=9)
-    cam = hv.GradCAM(model).attribute(data.images, target=data.labels, upsample=True)[:, 0]
-    peak = cam.flatten(1).argmax(1)
-    hit = data.masks.flatten(1)[torch.arange(len(data)), peak]
-    assert hit.float().mean() >= 0.8
+
+    def pointing(m: torch.nn.Module) -> tuple[float, float]:
+        cam = hv.GradCAM(m).attribute(data.images, target=data.labels, upsample=True)[:, 0]
+        peak = cam.flatten(1).argmax(1)
+        x, y = peak % 64, peak // 64
+        b = data.boxes
+        in_box = (x >= b[:, 0]) & (x <= b[:, 2]) & (y >= b[:, 1]) & (y <= b[:, 3])
+        return data.masks.flatten(1)[torch.arange(len(data)), peak].float().mean(), in_box.float().mean()
+
+    mask, box = pointing(model)
+    assert mask >= 0.75 and box >= 0.85
+    torch.manual_seed(0)
+    assert pointing(zoo.shapes_model(weights=False))[0] < 0.5
 
 
 def test_corrupted_or_missing_weights_name_the_file(tmp_path, monkeypatch) -> None:
