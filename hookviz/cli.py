@@ -112,13 +112,13 @@ def _demo(args: argparse.Namespace) -> int:
         p, c = probs[i].max(dim=0)
         label = f"{classes[int(c)]} {float(p):.2f}"
         row_labels.append(label if true is None or true == int(c) else f"{label} (is {classes[true]})")
-    source = Path(args.image).name if args.image is not None else f"shapes seed {args.seed}"
+    source = Path(args.image).name if args.image is not None else f"fresh images (seed {args.seed})"
     fig = grid(
         exps,
         overlay="auto",
         col_labels=["input", "Guided Backprop", f"Grad-CAM ({gradcam.layer})", "Guided Grad-CAM"],
         row_labels=row_labels,
-        title=f"hookviz demo: the shapes CNN (trained, embedded), {source}; rows: predicted class and probability",
+        title=f"trained shapes CNN on {source}; rows: predicted class, probability",
         size=(7.2, 1.75 * len(row_labels) + 0.45),  # screen-sized cells and fonts: the demo is looked at, not printed
         rc={"axes.titlesize": 10, "axes.labelsize": 10, "figure.titlesize": 10},
         dpi=args.dpi,
