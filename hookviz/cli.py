@@ -430,6 +430,7 @@ def _parse_data(spec: str) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     import dataclasses
+    import inspect
     import warnings
 
     from .figures import SAVE_FORMATS
@@ -485,7 +486,13 @@ def _evaluate(args: argparse.Namespace) -> int:
         model = _Normalized(model, mean, std)
     model = model.to(device).eval()
 
-    methods = [get_method(name)(model) for name in names]
+    methods = []
+    for name in names:
+        cls = get_method(name)
+        # methods that multiply the batch (IG's steps, SmoothGrad's noisy copies, Score-CAM's masks) run in chunks of
+        # --batch-size rows too: 64 images x 50 steps in one backward pass would need several GB
+        takes_batch = "batch_size" in inspect.signature(cls).parameters
+        methods.append(cls(model, batch_size=args.batch_size) if takes_batch else cls(model))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = evaluate(
@@ -688,7 +695,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="normalise the [0, 1] images before the model (default: none for shapes, else as hookviz explain)",
     )
-    ev.add_argument("--batch-size", type=int, default=64, metavar="B", help="images per pass (default: %(default)s)")
+    ev.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        metavar="B",
+        help="images (or IG steps, SmoothGrad copies, Score-CAM masks) per pass (default: %(default)s)",
+    )
     ev.add_argument("--out", default=None, metavar="TABLE.md", help="also write the table there")
     ev.add_argument(
         "--sanity-figure", default=None, metavar="FIG", help="also draw the sanity-check curves there (.png, .pdf)"

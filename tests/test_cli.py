@@ -331,3 +331,20 @@ def test_evaluate_errors_are_one_line_with_exit_code_2(tmp_path, capsys) -> None
     err = evaluate_fails(capsys, "--methods", "gradcam", "--weights", str(tmp_path / "w.pt"))
     assert "--weights applies to --model torchvision:NAME" in err
     assert "no such model file" in evaluate_fails(capsys, "--methods", "gradcam", "--model", str(tmp_path / "m.pt"))
+
+
+def test_evaluate_runs_methods_that_multiply_the_batch_in_chunks(monkeypatch, capsys) -> None:
+    import hookviz.metrics as metrics
+
+    seen = {}
+    real = metrics.evaluate
+
+    def spy(methods, *args, **kwargs):
+        seen.update({type(m).__name__: getattr(m, "batch_size", None) for m in methods})
+        return real(methods, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "evaluate", spy)
+    args = ["--methods", "smoothgrad,scorecam,gradcam", "--data", "shapes:2", "--steps", "1", "--sanity-n", "0"]
+    assert evaluate_cli(*args, "--batch-size", "8") == 0
+    assert seen == {"SmoothGrad": 8, "ScoreCAM": 8, "GradCAM": None}
+    assert capsys.readouterr().out.count("|") > 0
