@@ -486,6 +486,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         model = _Normalized(model, mean, std)
     model = model.to(device).eval()
 
+    torch.manual_seed(args.seed)  # SmoothGrad's noise: the same table from the same command
     methods = []
     for name in names:
         cls = get_method(name)
@@ -533,14 +534,25 @@ def _evaluate(args: argparse.Namespace) -> int:
                 steps=result.steps,
             )
             if args.sanity_figure is not None:
+                import matplotlib as mpl
+                from cycler import cycler
                 from matplotlib.figure import Figure
 
                 from .figures import save_figure
 
-                ax = Figure(figsize=(7.5, 4.2)).subplots()  # plot() lays it out (tight_layout)
+                ax = Figure(figsize=(9.0, 4.4)).subplots()
+                # up to 20 methods with their own colour; line styles keep coinciding curves apart
+                colours = mpl.colormaps["tab20"].colors
+                styles = ["-", "--", "-.", ":"]
+                ax.set_prop_cycle(
+                    cycler(color=[colours[(2 * i) % 20 + (2 * i) // 20 % 2] for i in range(len(reports))])
+                    + cycler(linestyle=[styles[i % 4] for i in range(len(reports))])
+                )
                 fig = SanityReport.plot_many(reports, ax, band=False)
                 ax.set_title(f"sanity check (model randomisation): {described}, {k} shapes images", fontsize=10)
-                ax.legend(fontsize=7, ncol=2, loc="upper right")
+                ax.set_ylim(min(-0.3, float(torch.stack([r.mean for r in reports]).nan_to_num(0).min()) - 0.05), 1.05)
+                ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+                fig.tight_layout()
                 path = save_figure(fig, args.sanity_figure)
                 print(f"wrote {path.resolve()}", file=sys.stderr)
     if caught:
