@@ -113,6 +113,18 @@ def test_rise_matches_float64_reference() -> None:
     torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-7)
 
 
+def test_float64_models_give_float64_results() -> None:
+    model, x = tanh_cnn().double(), batch().double()
+    targets = torch.tensor([[2], [3]])
+    ours = RISE(model, n_masks=5, cell=3, seed=2).attribute(x, target=targets)
+    assert ours.dtype == torch.float64
+    torch.testing.assert_close(ours, ref.rise(model, x, targets, n=5, cell=3, p=0.5, seed=2), rtol=1e-10, atol=1e-12)
+    occ = Occlusion(model, window=(3, 4), stride=(2, 3)).attribute(x, target=targets[:, 0])
+    expected = ref.occlusion(model, x, targets[:, 0], (3, 4), (2, 3))
+    assert occ.dtype == torch.float64
+    torch.testing.assert_close(occ, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_rise_masks_match_reference_and_do_not_depend_on_batch_size() -> None:
     rise = RISE(tanh_cnn(), n_masks=9, cell=4, p=0.5, seed=3)
     masks = rise.masks((10, 9))

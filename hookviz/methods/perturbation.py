@@ -12,7 +12,7 @@ the model's device when it is needed; the results do not depend on ``batch_size`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from numbers import Real
 from typing import Any
 
@@ -81,18 +81,25 @@ class PerturbationAttribution(Attribution):
         if softmax and plan.fn is None:
             with torch.no_grad():
                 out = self.model(rows)
-            return torch.softmax(out.float(), dim=1).gather(1, plan.indices.to(out.device))  # type: ignore[union-attr]
+            probs = torch.softmax(out.to(_acc_dtype(out.dtype)), dim=1)
+            return probs.gather(1, plan.indices.to(out.device))  # type: ignore[union-attr]
         return _forward_scores(self.model, rows, plan, None).scores
 
-    def _passes(self, total: int, label: str) -> Iterable[tuple[int, int]]:
+    def _passes(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         """Row ranges of the expanded batch, behind a tqdm bar unless ``progress=False`` (None: after 2 s)."""
-        chunks: Iterator[tuple[int, int]] = _chunks(total, self.batch_size)
         tqdm = None if self.progress is False else _tqdm()
         if tqdm is None:
-            return chunks
+            yield from _chunks(total, self.batch_size)
+            return
         n = 1 if self.batch_size is None else math.ceil(total / self.batch_size)
         delay = 0.0 if self.progress else 2.0
-        return tqdm(chunks, total=n, desc=f"{type(self).__name__} ({label})", unit="pass", delay=delay, leave=False)
+        bar = tqdm(total=n, desc=f"{type(self).__name__} ({label})", unit="pass", delay=delay, leave=False)
+        try:  # closed also when the caller's loop raises (the generator is closed then)
+            for rows in _chunks(total, self.batch_size):
+                yield rows
+                bar.update()
+        finally:
+            bar.close()
 
 
 @register("occlusion")
