@@ -54,7 +54,12 @@ def _check_pair(name: str, value: object, what: str) -> tuple[int, ...]:
 
 
 class PerturbationAttribution(Attribution):
-    """Shared by the perturbation methods: the clean forward pass, chunked scoring of perturbed rows, progress."""
+    """Shared by the perturbation methods: the clean forward pass, chunked scoring of perturbed rows, progress.
+
+    ``eval_mode`` as in `Attribution`; nothing is differentiated, so there is no ``backward`` option. Targets: None
+    means the top class of the clean input; a callable target is called on each chunk's output and must score its
+    rows independently.
+    """
 
     def __init__(
         self, model: nn.Module, *, batch_size: int | None = 64, progress: bool | None = None, eval_mode: bool = True
