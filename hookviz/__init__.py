@@ -14,6 +14,7 @@ from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
 from .methods import (
     METHODS,
+    RISE,
     Attribution,
     Deconvnet,
     GradCAM,
@@ -24,6 +25,7 @@ from .methods import (
     InputXGradient,
     IntegratedGradients,
     LayerCAM,
+    Occlusion,
     ReLUCoverage,
     Saliency,
     ScoreCAM,
@@ -74,6 +76,8 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "LayerCAM",
+    "Occlusion",
+    "RISE",
     "ReLUCoverage",
     "HookError",
     "HookManager",

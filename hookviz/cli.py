@@ -38,8 +38,9 @@ models:
   PATH.pt                     a whole model saved with torch.save(model), loaded with torch.load(weights_only=False):
                               that runs pickle, which can execute arbitrary code, so only load files you trust; the
                               model's class must be importable. A TorchScript file (torch.jit.save) is loaded with
-                              torch.jit.load; TorchScript modules take no hooks, so only the gradient methods work
-                              (saliency, input-x-gradient, integrated-gradients, smoothgrad).
+                              torch.jit.load; TorchScript modules take no hooks, so only the gradient and
+                              perturbation methods work (saliency, input-x-gradient, integrated-gradients,
+                              smoothgrad, occlusion, rise).
   Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
   with the ImageNet mean and std.
 
@@ -327,7 +328,7 @@ def _explain(args: argparse.Namespace) -> int:
         if "not supported on ScriptModules" in str(exc):
             raise UsageError(
                 f"{', '.join(methods)}: a TorchScript model takes no hooks; use saliency, input-x-gradient, "
-                "integrated-gradients or smoothgrad, or a pickled model (torch.save(model))"
+                "integrated-gradients, smoothgrad, occlusion or rise, or a pickled model (torch.save(model))"
             ) from None
         raise
     path = save_figure(fig, out)

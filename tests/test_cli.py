@@ -158,6 +158,17 @@ def test_explain_torchscript_model(images, tmp_path, capsys) -> None:
     assert "TorchScript" in err and "saliency" in err
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit is deprecated in favour of torch.export
+def test_explain_perturbation_methods_through_the_registry(images, tmp_path, grids) -> None:
+    path = tmp_path / "scripted.pt"  # forward passes only: a TorchScript model works too
+    torch.jit.save(torch.jit.trace(small_cnn(), torch.randn(1, 3, 32, 32)), str(path))
+    out = tmp_path / "fig.png"
+    args = ["--model", str(path), "--method", "occlusion,rise", "--size", "32", "--out", str(out)]
+    assert explain(images[0], *args) == 0
+    ((fig, _),) = grids
+    assert titles(fig, 3) == ["Input", "Occlusion", "RISE"]
+
+
 def test_explain_state_dict_weights_with_another_number_of_classes(images, tmp_path, grids) -> None:
     from torchvision import models
 

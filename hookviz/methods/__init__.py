@@ -14,6 +14,7 @@ from .cam import (
 )
 from .gradient import InputGradientAttribution, InputXGradient, IntegratedGradients, Saliency, SmoothGrad
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
+from .perturbation import RISE, Occlusion, PerturbationAttribution
 
 __all__ = [
     "METHODS",
@@ -29,6 +30,9 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "LayerCAM",
+    "Occlusion",
+    "PerturbationAttribution",
+    "RISE",
     "ReLUCoverage",
     "ReLURuleAttribution",
     "Saliency",

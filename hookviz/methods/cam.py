@@ -110,11 +110,33 @@ def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
     return maps[-1][1:]
 
 
-def upsample_maps(maps: Tensor, size: tuple[int, ...]) -> Tensor:
-    """Bilinear resize (``align_corners=False``) of (..., 1, h, w) maps to `size` (H, W)."""
+UPSAMPLE_MODES: tuple[str, ...] = ("bilinear", "nearest", "bicubic")
+
+
+def check_upsample(upsample: object, *, allow_off: bool = True) -> str | None:
+    """The `F.interpolate` mode an ``upsample`` argument names: None for False, ``"bilinear"`` for True."""
+    if isinstance(upsample, bool):
+        if upsample or allow_off:
+            return "bilinear" if upsample else None
+    elif isinstance(upsample, str) and upsample in UPSAMPLE_MODES:
+        return upsample
+    allowed = ", ".join(map(repr, UPSAMPLE_MODES))
+    raise ValueError(
+        f"upsample must be {'False, ' if allow_off else ''}True (bilinear) or one of {allowed}; got {upsample!r}"
+    )
+
+
+def upsample_maps(maps: Tensor, size: tuple[int, ...], mode: str = "bilinear") -> Tensor:
+    """Resize (..., 1, h, w) maps to `size` (H, W) with `F.interpolate`: ``mode`` "bilinear" (default) or "bicubic"
+    with ``align_corners=False`` (bicubic may overshoot: values slightly below 0 or above the map's maximum are
+    kept), or "nearest" (captum's default)."""
+    mode = check_upsample(mode, allow_off=False)  # type: ignore[assignment]
     lead = maps.shape[:-2]
     flat = maps.reshape(-1, 1, *maps.shape[-2:])
-    out = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+    if mode == "nearest":
+        out = F.interpolate(flat, size=size, mode="nearest")
+    else:
+        out = F.interpolate(flat, size=size, mode=mode, align_corners=False)
     return out.reshape(*lead, *out.shape[-2:])
 
 
@@ -226,13 +248,17 @@ class CAMAttribution(Attribution):
         """Dotted name of the layer explained (None until the first call when it is chosen automatically)."""
         return None if self._layer is None else self._layer[0]
 
-    def attribute(self, inputs: Tensor, target: TargetSpec = None, *, upsample: bool = False) -> Tensor:
-        """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input);
-        ``upsample=True`` resizes them bilinearly to the input's (H, W)."""
+    def attribute(self, inputs: Tensor, target: TargetSpec = None, *, upsample: bool | str = False) -> Tensor:
+        """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input).
+
+        ``upsample`` resizes them to the input's (H, W): True or ``"bilinear"`` (``align_corners=False``),
+        ``"nearest"`` (as captum's ``LayerAttribution.interpolate`` default) or ``"bicubic"``; False keeps them.
+        """
+        mode = check_upsample(upsample)
         x = self._check_inputs(inputs)
         cam, _ = self._explain(x, target)
-        if upsample:
-            cam = upsample_maps(cam, tuple(x.shape[-2:]))
+        if mode is not None:
+            cam = upsample_maps(cam, tuple(x.shape[-2:]), mode)
         return cam
 
     def __repr__(self) -> str:
@@ -518,11 +544,16 @@ class GuidedGradCAM(GradCAM):
     r"""Guided Grad-CAM (Selvaraju et al., 2017, "Grad-CAM: Visual Explanations from Deep Networks via
     Gradient-based Localization", https://arxiv.org/abs/1610.02391, Sec. 3.1).
 
-    Guided Backpropagation times the Grad-CAM map upsampled bilinearly (``align_corners=False``) to the input size:
-    $$ G = \mathrm{GuidedBackprop}(x)_c \odot U(\mathrm{ReLU}(\sum_k \alpha_k A^k)) $$. Two passes (the guided ReLU
-    rule would change the gradient that reaches the layer). Result shaped like the input, (N, C, H, W), or
-    (N, K, C, H, W). Same conventions as captum's ``GuidedGradCam(model, layer).attribute(x, target,
-    interpolate_mode="bilinear")`` (ReLU on the map, then bilinear upsampling).
+    Guided Backpropagation times the Grad-CAM map upsampled (U: bilinear, ``align_corners=False``, by default) to
+    the input size: $$ G = \mathrm{GuidedBackprop}(x)_c \odot U(\mathrm{ReLU}(\sum_k \alpha_k A^k)) $$. Two passes
+    (the guided ReLU rule would change the gradient that reaches the layer). Result shaped like the input,
+    (N, C, H, W), or (N, K, C, H, W). Same conventions as captum's ``GuidedGradCam(model, layer).attribute(x,
+    target, interpolate_mode="bilinear")`` (ReLU on the map, then upsampling); ``upsample="nearest"`` gives
+    captum's default (``interpolate_mode="nearest"``).
+
+    Args:
+        upsample: how U resizes the map: ``"bilinear"`` (default; True means the same), ``"nearest"`` or
+            ``"bicubic"``.
 
     Example::
 
@@ -531,7 +562,15 @@ class GuidedGradCAM(GradCAM):
 
     display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
 
-    def __init__(self, model: nn.Module, layer: str | nn.Module | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: str | nn.Module | None = None,
+        *,
+        upsample: bool | str = "bilinear",
+        **kwargs: Any,
+    ) -> None:
+        self.upsample: str = check_upsample(upsample, allow_off=False)  # type: ignore[assignment]
         super().__init__(model, layer, **kwargs)
         # the guided pass, through GuidedBackprop's public API (it raises ValueError for a model without ReLUs)
         self._guided = GuidedBackprop(model)
@@ -550,4 +589,4 @@ class GuidedGradCAM(GradCAM):
         guided = self._guided.attribute(x, spec)
         if not targets.multi:
             guided = guided.unsqueeze(1)
-        return guided * upsample_maps(cam, tuple(x.shape[-2:])), targets
+        return guided * upsample_maps(cam, tuple(x.shape[-2:]), self.upsample), targets
