@@ -445,6 +445,10 @@ def grid(
         raise TypeError(f"labels must be a sequence of class names or torchvision weights, got {type(labels).__name__}")
 
     # every option is checked before any method runs: a mistake costs no explanation
+    if isinstance(items, (list, tuple)) and not items:
+        raise ValueError(
+            "items is an empty list: pass Explanation objects (one per column), or images with methods= and model="
+        )
     if cmap is not None:
         _display.colormap(torch.zeros(1, 1, 1), cmap)  # an unknown cmap raises now, naming close ones
     if rc is not None:
@@ -593,7 +597,10 @@ def save_figure(fig: Figure, path: str | PathLike[str], *, dpi: float | None = N
     (no tight bounding box); ``dpi`` (default: the figure's) sets the PNG resolution and that of images in PDF/SVG.
     """
     from matplotlib import rc_context
+    from matplotlib.figure import Figure
 
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure (e.g. from hookviz.grid), got {type(fig).__name__}")
     path = Path(path)
     fmt = _save_format(path)
     if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0):

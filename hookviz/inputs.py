@@ -567,13 +567,16 @@ def expected_channels(model: nn.Module) -> int | None:
     return None if found is None else found[1].in_channels or None
 
 
-def check_channels(model: nn.Module, x: Tensor) -> None:
-    """Raise ValueError if ``x.shape[1]`` (x: (N, C, ...)) differs from :func:`expected_channels` when that is known."""
+def check_channels(model: nn.Module, x: Tensor, where: str = "x") -> None:
+    """Raise ValueError if ``x.shape[1]`` (x: (N, C, ...)) differs from :func:`expected_channels` when that is known.
+
+    `where` names `x` in the messages.
+    """
     _check_module(model)
     if not isinstance(x, Tensor):
-        raise TypeError(f"x: expected a tensor (N, C, ...), got {type(x).__name__}")
+        raise TypeError(f"{where}: expected a tensor (N, C, ...), got {type(x).__name__}")
     if x.ndim < 2:
-        raise ValueError(f"x: expected a tensor (N, C, ...) with a channel axis, got shape {tuple(x.shape)}")
+        raise ValueError(f"{where}: expected a tensor (N, C, ...) with a channel axis, got shape {tuple(x.shape)}")
     found = _first_conv(model)
     expected = None if found is None else found[1].in_channels or None
     got = x.shape[1]
@@ -589,7 +592,7 @@ def check_channels(model: nn.Module, x: Tensor) -> None:
     else:
         hint = f"build a {expected}-channel tensor yourself (load_images passes tensors through unchanged)"
     raise ValueError(
-        f"x has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
+        f"{where} has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
         f"{name or '<model>'!r} ({conv}) expects {expected}; {hint}"
     )
 
@@ -639,6 +642,10 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tenso
         raise ValueError(f"{where} need a batch axis first, (N, ...); got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{where} must be a floating-point tensor, got {x.dtype}; convert with x.float() / 255")
+    if x.layout != torch.strided:
+        raise TypeError(f"{where} must be a dense tensor, got layout {x.layout}; convert with x.to_dense()")
+    if x.is_meta:
+        raise ValueError(f"{where} are on the meta device (shapes without data); pass a tensor that holds values")
     if x.shape[0] == 0:
         raise ValueError(f"{where} hold an empty batch (N = 0), shape {tuple(x.shape)}; expected N >= 1")
     found = _first_conv(model)
@@ -656,7 +663,7 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tenso
                 f"{where} have shape {tuple(x.shape)} ({x.dim()}-D) but the model's first convolution "
                 f"{name or '<model>'!r} ({type(conv).__name__}) takes {rank}-D batches {layout}; {hint}"
             )
-        check_channels(model, x)
+        check_channels(model, x, where)
     check_finite(x, where)
     dtype = model_dtype(model) or x.dtype
     out = x.to(device=model_device(model), dtype=dtype)

@@ -142,7 +142,11 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
     try:
         scores = fn(output)
     except Exception as exc:
-        raise RuntimeError(f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output") from exc
+        got = f"a tensor of shape {tuple(output.shape)}" if isinstance(output, Tensor) else type(output).__name__
+        raise RuntimeError(
+            f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output ({got}) with "
+            f"{type(exc).__name__}: {exc}; it must map the output to (N,) or (N, K) scores"
+        ) from exc
     if not isinstance(scores, Tensor) or scores.dim() not in (1, 2) or scores.shape[0] != n:
         got = f"shape {tuple(scores.shape)}" if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(

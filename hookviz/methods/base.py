@@ -63,6 +63,8 @@ class Attribution:
     def __init__(self, model: nn.Module, *, eval_mode: bool = True, backward: BackwardStrategy = "auto") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(eval_mode, bool):
+            raise TypeError(f"eval_mode must be True or False, got {type(eval_mode).__name__} {eval_mode!r}")
         if backward not in ("auto", "vmap", "loop"):
             raise ValueError(f"backward must be 'auto', 'vmap' or 'loop', got {backward!r}")
         self.model = model

@@ -229,6 +229,8 @@ class CAMAttribution(Attribution):
     def attribute(self, inputs: Tensor, target: TargetSpec = None, *, upsample: bool = False) -> Tensor:
         """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input);
         ``upsample=True`` resizes them bilinearly to the input's (H, W)."""
+        if not isinstance(upsample, bool):
+            raise TypeError(f"upsample must be True or False, got {type(upsample).__name__} {upsample!r}")
         x = self._check_inputs(inputs)
         cam, _ = self._explain(x, target)
         if upsample:
