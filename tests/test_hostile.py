@@ -396,3 +396,8 @@ def test_hostile_input(call, error, match, explanation, tmp_path, monkeypatch) -
     assert_same_state(before, state(model))
     assert torch.equal(x, x_before) and not x.requires_grad and x.grad is None
     assert not any(tmp_path.glob("fig*")) and not any(tmp_path.glob("demo*"))  # no figure written
+
+
+def test_explanation_save_creates_missing_directories_like_save_figure(explanation, tmp_path) -> None:
+    path = explanation.save(tmp_path / "new" / "dir" / "fig.png", dpi=20)
+    assert path.is_file() and path.stat().st_size > 0
