@@ -625,11 +625,14 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tenso
     Refused, with a message naming `where`, what came and what is expected: non-tensors (`TypeError`), tensors
     without a batch axis or with N = 0, a rank other than the first convolution's (``nn.Conv1d``: 3-D (N, C, L),
     ``nn.Conv2d``: 4-D (N, C, H, W), ``nn.Conv3d``: 5-D (N, C, D, H, W)), a channel count other than its
-    ``in_channels``, non-float dtypes (`TypeError`), NaN or Inf values.
+    ``in_channels``, non-float dtypes, sparse and meta tensors (`TypeError`/`ValueError`), NaN or Inf values. The
+    first convolution is the first in ``model.modules()`` order: a model whose forward reshapes its input before
+    that convolution (e.g. folds (N, T, C, H, W) into (N * T, C, H, W)) must get the reshaped batch.
 
     Convention: the result is cast to the model's floating-point parameter dtype (`model_dtype`; unchanged for a model
-    without parameters or buffers) and moved to its device, as `load_images` does for `visualize`: a float64 batch on a
-    float32 model is explained in float32, the precision the model computes in. A tensor created under
+    without parameters or buffers) and moved to its device; `visualize` goes through the same cast after
+    `load_images`: a float64 batch on a float32 model is explained in float32, the precision the model computes in,
+    and a float64 model gets float64 inputs. A tensor created under
     ``torch.inference_mode()`` is copied into a normal tensor (inference tensors cannot take part in autograd).
     The caller's tensor is never modified.
     """
