@@ -53,6 +53,13 @@ class UsageError(Exception):
     """A mistake on the command line: reported as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors (a bad ``--size``, a missing ``--model``) as one line, like hookviz's own."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 # ---------------------------------------------------------------------------------------------------- demo
 
 
@@ -60,10 +67,14 @@ def _demo(args: argparse.Namespace) -> int:
     from torchvision import models
 
     from . import GradCAM, GuidedBackprop, Saliency
-    from .figures import grid, save_figure
+    from .figures import SAVE_FORMATS, grid, save_figure
     from .inputs import Preset
     from .zoo import shapes_image
 
+    if Path(args.out).suffix.lower() not in SAVE_FORMATS:  # checked before the work, not after it
+        raise UsageError(f"--out: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; got {args.out!r}")
+    if args.size < 16:
+        raise UsageError(f"--size: expected at least 16 pixels, got {args.size}")
     torch.manual_seed(args.seed)
     # Placeholder until the embedded shapes model ships: an untrained network shows how hookviz works, not what a
     # trained network has learned.
@@ -340,7 +351,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hookviz", description="Interpretability for PyTorch, built on hooks.")
+    parser = _Parser(prog="hookviz", description="Interpretability for PyTorch, built on hooks.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="explain a sample image end to end and write a PNG figure")
     demo.add_argument("--out", default="hookviz-demo.png", help="where to write the figure (default: %(default)s)")
@@ -409,17 +420,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookviz`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "explain":
+    if args.command in ("demo", "explain"):
         try:
-            return _explain(args)
+            return _demo(args) if args.command == "demo" else _explain(args)
         except UsageError as exc:
             message = str(exc)
-        except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
+        except (TypeError, ValueError, FileNotFoundError, IsADirectoryError) as exc:
             # hookviz's own checks (an out-of-range target, an unreadable image) already say what to fix
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        parser.exit(2, f"hookviz explain: error: {message}\n")
+        parser.exit(2, f"hookviz {args.command}: error: {message}\n")
     parser.error(f"unknown command {args.command!r}")
     return 2
 

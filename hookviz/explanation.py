@@ -572,7 +572,8 @@ class Explanation:
     def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
         """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path.
 
-        ``options`` are those of `figure` (``max_rows`` and the display options).
+        ``options`` are those of `figure` (``max_rows`` and the display options). Missing parent directories are
+        created, as `hookviz.save_figure` does.
         """
         path = Path(path)
         fmt = SAVE_FORMATS.get(path.suffix.lower())
@@ -583,7 +584,9 @@ class Explanation:
             )
         if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
             raise ValueError(f"dpi must be a positive number, got {dpi!r}")
-        self.figure(**options).savefig(path, format=fmt, dpi=dpi)
+        fig = self.figure(**options)  # options are checked before anything is written
+        path.parent.mkdir(parents=True, exist_ok=True)  # as save_figure does
+        fig.savefig(path, format=fmt, dpi=dpi)
         return path
 
     def _repr_png_(self) -> bytes:

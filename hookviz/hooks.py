@@ -65,10 +65,17 @@ def select_modules(model: nn.Module, selector: Selector) -> list[tuple[str, nn.M
         isinstance(selector, tuple) and selector and all(_is_module_type(t) for t in selector)
     ):
         matches = [(n, m) for n, m in named if isinstance(m, selector)]  # type: ignore[arg-type]
+    elif isinstance(selector, tuple) and not selector:
+        raise TypeError("selector () is an empty tuple; pass module classes such as nn.ReLU or (nn.Conv2d, nn.Linear)")
     elif isinstance(selector, type | tuple):
         raise TypeError(
             f"selector {_describe(selector)} is a class (or tuple) that is not an nn.Module subclass; "
             "pass module classes such as nn.ReLU or (nn.Conv2d, nn.Linear)"
+        )
+    elif isinstance(selector, list | set | frozenset):
+        raise TypeError(
+            f"selector got a {type(selector).__name__} {selector!r}; pass one selector per call, a tuple of module "
+            "classes, or a predicate such as lambda name, module: name in {'layer1', 'layer2'}"
         )
     elif callable(selector):
         matches = [(n, m) for n, m in named if selector(n, m)]

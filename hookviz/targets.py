@@ -7,6 +7,8 @@ A target spec is one of:
 - a sequence or 1-D tensor of N ints: one class per input;
 - an (N, K) integer tensor (or nested sequence): K classes per input; results gain a K axis after N, computed from
   one forward pass with the K backward seeds batched;
+- numpy integer scalars and arrays wherever ints and tensors are (``np.int64(3)``, ``np.array([3, 7])``,
+  ``np.array([[1, 2], [3, 4]])``); numpy float arrays are refused, like float tensors;
 - a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
   output is not a class vector (segmentation maps, dicts, detection heads).
 """
@@ -17,11 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+import numpy as np
 import torch
 from torch import Tensor
 
 TargetFn: TypeAlias = Callable[[Any], Tensor]
-TargetSpec: TypeAlias = "int | Sequence[int] | Sequence[Sequence[int]] | Tensor | TargetFn | None"
+TargetSpec: TypeAlias = (
+    "int | np.integer | Sequence[int] | Sequence[Sequence[int]] | Tensor | np.ndarray | TargetFn | None"
+)
 BackwardStrategy: TypeAlias = Literal["auto", "vmap", "loop"]
 
 
@@ -55,6 +60,15 @@ def check_target(target: object, n: int) -> TargetPlan:
         return TargetPlan(None, None, False)
     if callable(target) and not isinstance(target, Tensor):
         return TargetPlan(None, target, False)  # type: ignore[arg-type]
+    if isinstance(target, np.generic | np.ndarray):
+        # numpy ints are class indices like Python ints; np.float64 subclasses float, so it must be caught here
+        if np.asarray(target).dtype.kind not in "iu":
+            kind = "scalar" if isinstance(target, np.generic) else f"array of shape {np.shape(target)}"
+            raise TypeError(
+                f"target must hold integer class indices; got a numpy {np.asarray(target).dtype} {kind}; convert "
+                "it with .astype(np.int64) if it holds whole numbers"
+            )
+        target = int(target) if isinstance(target, np.generic) else torch.from_numpy(np.asarray(target, np.int64))
     if isinstance(target, bool):
         raise TypeError("target must be an int class index, not a bool")
     if isinstance(target, int):
@@ -128,7 +142,11 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
     try:
         scores = fn(output)
     except Exception as exc:
-        raise RuntimeError(f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output") from exc
+        got = f"a tensor of shape {tuple(output.shape)}" if isinstance(output, Tensor) else type(output).__name__
+        raise RuntimeError(
+            f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output ({got}) with "
+            f"{type(exc).__name__}: {exc}; it must map the output to (N,) or (N, K) scores"
+        ) from exc
     if not isinstance(scores, Tensor) or scores.dim() not in (1, 2) or scores.shape[0] != n:
         got = f"shape {tuple(scores.shape)}" if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import HookManager
-from ..inputs import check_channels, expected_channels, load_images, model_device
+from ..inputs import check_model_inputs, expected_channels, load_images, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class Attribution:
     def __init__(self, model: nn.Module, *, eval_mode: bool = True, backward: BackwardStrategy = "auto") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(eval_mode, bool):
+            raise TypeError(f"eval_mode must be True or False, got {type(eval_mode).__name__} {eval_mode!r}")
         if backward not in ("auto", "vmap", "loop"):
             raise ValueError(f"backward must be 'auto', 'vmap' or 'loop', got {backward!r}")
         self.model = model
@@ -73,7 +75,9 @@ class Attribution:
     def attribute(self, inputs: Tensor, target: TargetSpec = None) -> Tensor:
         """Raw attribution for a batch `inputs` (N, ...); see the subclass for the result's shape.
 
-        With an (N, K) `target` the result gains a K axis after N.
+        With an (N, K) `target` the result gains a K axis after N. `inputs` are checked before any work (rank and
+        channels against the model's first convolution, finite values; `hookviz.inputs.check_model_inputs`) and cast
+        to the model's parameter dtype and device: a float64 batch on a float32 model is explained in float32.
         """
         return self._explain(self._check_inputs(inputs), target)[0]
 
@@ -99,11 +103,12 @@ class Attribution:
             device=model_device(self.model),
             channels=expected_channels(self.model) or 3,
         )
-        attribution, targets = self._explain(self._check_inputs(batch.tensor), target)
+        x = self._check_inputs(batch.tensor)
+        attribution, targets = self._explain(x, target)
         return Explanation(
             attribution=attribution.detach(),
             images=batch.images,
-            inputs=batch.tensor,
+            inputs=x,
             targets=targets.indices,
             scores=targets.scores.detach(),
             method=type(self).__name__,
@@ -130,20 +135,8 @@ class Attribution:
         raise NotImplementedError
 
     def _check_inputs(self, x: Any) -> Tensor:
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                f"attribute() takes a batch tensor (N, ...), got {type(x).__name__}; use visualize() for paths, PIL "
-                "images and numpy arrays, or hookviz.load_images(...).tensor"
-            )
-        if x.dim() < 2:
-            raise ValueError(f"inputs need a batch axis first, (N, ...); got shape {tuple(x.shape)}")
-        if not x.is_floating_point():
-            raise TypeError(f"inputs must be a floating-point tensor, got {x.dtype}; convert with x.float() / 255")
-        if x.shape[0] == 0:
-            raise ValueError("inputs hold an empty batch (N = 0)")
-        if x.dim() == 4:
-            check_channels(self.model, x)
-        return x.to(model_device(self.model))
+        """The batch checked against the model and cast to its device and parameter dtype (`check_model_inputs`)."""
+        return check_model_inputs(self.model, x)
 
     @contextmanager
     def _prepared(self) -> Iterator[HookManager]:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import HookManager
+from ..inputs import check_finite
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
 
@@ -387,6 +388,10 @@ class IntegratedGradients(Attribution):
                 )
         if isinstance(baseline, Tensor) and (baseline.is_complex() or baseline.dtype == torch.bool):
             raise TypeError(f"baseline tensor must hold real numbers, got dtype {baseline.dtype}")
+        if isinstance(baseline, Real) and not math.isfinite(baseline):
+            raise ValueError(f"baseline must be a finite number (a constant image), got {baseline!r}")
+        if isinstance(baseline, Tensor):
+            check_finite(baseline, "baseline")
         batch_size = _check_batch_size(batch_size)
         super().__init__(model, eval_mode=eval_mode, backward=backward)
         self.steps = steps
@@ -414,6 +419,7 @@ class IntegratedGradients(Attribution):
                 f"baseline of shape {tuple(b.shape)} does not broadcast to the inputs' shape {tuple(x.shape)}; give "
                 "one baseline (C, H, W) / (1, C, H, W) or one per input (N, C, H, W)"
             )
+        check_finite(b, "baseline")  # again at call time: the tensor may have changed in place since __init__
         return b.detach().to(device=x.device, dtype=x.dtype).expand_as(x)
 
     def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:
