@@ -228,7 +228,7 @@ class Counting(nn.Module):
         (lambda m: Occlusion(m, window=(1, 1, 1, 1)), batch(), ValueError, "one size per occluded axis"),
         (lambda m: Occlusion(m, 2, baseline=torch.zeros(2, 5, 5)), batch(), ValueError, "does not broadcast"),
         (lambda m: Occlusion(m, window=2), batch(), ValueError, r"target class 7 is out of range"),
-        (lambda m: RISE(m, n_masks=2), torch.randn(2, 3, 10), ValueError, r"\(3-D\) but the model.s first convolution .* takes 4-D batches"),
+        (lambda m: RISE(m, n_masks=2), torch.randn(2, 3, 10), ValueError, r"\(3-D\) but .* takes 4-D batches"),
     ],
 )
 def test_call_errors_before_any_perturbed_pass(build, x, exc, match) -> None:
