@@ -104,8 +104,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .hooks import HookManager, Selector, select_modules
-from .record import _CallCounter, first_tensor
+from ..hooks import HookManager, Selector, select_modules
+from ..record import _CallCounter, first_tensor
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
