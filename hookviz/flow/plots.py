@@ -20,12 +20,7 @@ if TYPE_CHECKING:
 def plot_bars(
     stats: FlowStats, step: int | None = None, *, level: Literal["module", "param"] = "module", ax: Axes | None = None
 ) -> Figure:
-    """The classic gradient-flow chart at `step`: max |grad| and mean |grad| per layer, on a log scale.
-
-    One entry per module that owns parameters (``level="module"``) or per parameter (``level="param"``), in model
-    order. Entries without a gradient get no bar and a grey ``(no grad)`` label; non-finite ones a red ``(nan)``
-    or ``(inf)`` label; exact zeros a ``(0)`` label (a log axis has no 0). Returns the Figure.
-    """
+    """`FlowStats.plot_bars` (its docs say what is drawn)."""
     r = stats.row(step)
     if level == "module":
         cols = stats._param_modules()
@@ -90,8 +85,7 @@ def plot_heatmap(
     ax: Axes | None = None,
     log: bool = True,
 ) -> Figure:
-    """A layers x steps heatmap of `stat` (log colour scale by default); missing values are blank. Returns the
-    Figure (with a colour bar axis)."""
+    """`FlowStats.plot_heatmap` (its docs say what is drawn)."""
     from matplotlib.colors import LogNorm, Normalize
 
     stats.row(None)
@@ -126,8 +120,7 @@ def plot_norms(
     ax: Axes | None = None,
     log: bool = True,
 ) -> Figure:
-    """`stat` over the recorded steps, one line per name (default: up to 8 modules that own parameters, spread
-    over the model). Returns the Figure."""
+    """`FlowStats.plot_norms` (its docs say what is drawn)."""
     stats.row(None)
     all_names, values = stats._matrix(stat, level)
     if names is None:
