@@ -37,7 +37,7 @@ def _locate_nonfinite(
     through_params: frozenset[str] = frozenset(),
     transparent: frozenset[str] = frozenset(),
 ) -> tuple[str | None, str, list[float]]:
-    """(culprit, explanation, offending values) for a step with non-finite values (see the module docs).
+    """(culprit, explanation, offending values) for a step with non-finite values (see the `hookviz.flow` docs).
 
     `through_params`: modules whose entry in `og` stands for their parameters' gradients (not observed outputs).
     `transparent`: modules without an `og` entry that cannot create a non-finite gradient: looked through."""

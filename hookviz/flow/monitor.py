@@ -50,7 +50,7 @@ class GradientFlow:
         update_ratio: record update-to-weight ratios when `optimizer` is given.
         output_stats: which module outputs are observed at every recorded step. ``"parameter-free"`` (default):
             the output norm of the watched activation modules and of custom parameter-free modules (with the dead
-            fraction for ReLUs), and the gradient w.r.t. the output of the custom ones only (see the module docs:
+            fraction for ReLUs), and the gradient w.r.t. the output of the custom ones only (see the package docs:
             modules with trainable parameters are watched through their gradients, stock activations and pooling
             are looked through). ``"all"``: the output norm and the output-gradient norm of every watched module,
             and the exact module of a forward NaN; each output and each gradient w.r.t. one costs a pass over it.
@@ -122,7 +122,6 @@ class GradientFlow:
         if not isinstance(unit_dim, int):
             raise TypeError(f"unit_dim must be an int, got {type(unit_dim).__name__}")
 
-        self.model = model
         self.model = model
         self.every = every
         self.optimizer = optimizer
