@@ -359,6 +359,61 @@ def _hwc(t: Tensor) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------- grid
 
 
+def _columns(
+    exps: list[Explanation],
+    *,
+    overlay: bool | str,
+    mode: str | None,
+    cmap: str | None,
+    sign: str | None,
+    alpha: float | None,
+) -> list[_Column]:
+    """One column per (Explanation, target): the grid's overrides over each method's display defaults."""
+    columns = []
+    for e in exps:
+        for k in range(e.num_targets):
+            maps = e.attribution[:, k] if e.multi_target else e.attribution
+            show_overlay = bool(e.display.get("overlay", False)) if overlay == "auto" else overlay
+            reduce = e.display.get("reduce")
+            channels = maps.shape[-3]
+            if reduce is None and (channels not in (1, 3) or (show_overlay and channels != 1)):
+                reduce = "max-abs"  # as Explanation.heatmap/overlay: no faithful way to show these channels
+            columns.append(
+                _Column(
+                    maps=maps.detach(),
+                    exp=e,
+                    k=k,
+                    mode=mode or e.display.get("mode") or "minmax",
+                    reduce=reduce,
+                    cmap=cmap or e.display.get("cmap") or "jet",
+                    overlay=show_overlay,
+                    sign=sign or e.display.get("sign") or "all",
+                    percentile=e.display.get("percentile") if mode is None else None,
+                    alpha=float(e.display.get("alpha", 0.5) if alpha is None else alpha),
+                    alpha_by_map=bool(e.display.get("alpha_by_map", False)),
+                )
+            )
+    for c in columns:
+        _display.colormap(torch.zeros(1, 1, 1), c.cmap)  # an unknown cmap raises now, naming close ones
+    return columns
+
+
+def _shown(columns: list[_Column], normed: list[Tensor], images: Tensor) -> list[tuple[np.ndarray, str | None]]:
+    """The pixels of each column, in torch on the maps' device, one cpu transfer per column: (N, H, W[, 3]), and
+    the cmap of scalar maps (None for RGB maps and overlays)."""
+    image_size = tuple(int(s) for s in images.shape[-2:])
+    shown: list[tuple[np.ndarray, str | None]] = []
+    for c, v in zip(columns, normed, strict=True):
+        if c.overlay:
+            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
+            shown.append((_hwc(over), None))
+        elif v.shape[-3] == 1:
+            shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
+        else:
+            shown.append((_hwc(_display.resize(v, image_size)), None))
+    return shown
+
+
 def grid(
     items: Any,
     methods: Any = None,
@@ -463,32 +518,7 @@ def grid(
     _check_same_images(exps)
     n = len(exps[0])
 
-    columns = []
-    for e in exps:
-        for k in range(e.num_targets):
-            maps = e.attribution[:, k] if e.multi_target else e.attribution
-            show_overlay = bool(e.display.get("overlay", False)) if overlay == "auto" else overlay
-            reduce = e.display.get("reduce")
-            channels = maps.shape[-3]
-            if reduce is None and (channels not in (1, 3) or (show_overlay and channels != 1)):
-                reduce = "max-abs"  # as Explanation.heatmap/overlay: no faithful way to show these channels
-            columns.append(
-                _Column(
-                    maps=maps.detach(),
-                    exp=e,
-                    k=k,
-                    mode=mode or e.display.get("mode") or "minmax",
-                    reduce=reduce,
-                    cmap=cmap or e.display.get("cmap") or "jet",
-                    overlay=show_overlay,
-                    sign=sign or e.display.get("sign") or "all",
-                    percentile=e.display.get("percentile") if mode is None else None,
-                    alpha=float(e.display.get("alpha", 0.5) if alpha is None else alpha),
-                    alpha_by_map=bool(e.display.get("alpha_by_map", False)),
-                )
-            )
-    for c in columns:
-        _display.colormap(torch.zeros(1, 1, 1), c.cmap)  # an unknown cmap raises now, naming close ones
+    columns = _columns(exps, overlay=overlay, mode=mode, cmap=cmap, sign=sign, alpha=alpha)
     default_rows, default_cols = _default_labels(columns, labels, n)
     rows_text = _check_labels(row_labels, n, "row_labels") or default_rows
     n_cols = len(columns) + int(show_input)
@@ -500,20 +530,9 @@ def grid(
     else:
         cols_text = (["Input"] if show_input else []) + cols_given
 
-    # pixels, in torch on the maps' device, one cpu transfer per column
-    image_size = tuple(int(s) for s in exps[0].images.shape[-2:])
     images = exps[0]._rgb_images()
     reduced = [_display.reduce_channels(c.maps, c.reduce) for c in columns]
-    normed = _normalize(columns, reduced, scale)
-    shown: list[tuple[np.ndarray, str | None]] = []  # (N, H, W[, 3]) pixels, and the cmap of scalar maps
-    for c, v in zip(columns, normed, strict=True):
-        if c.overlay:
-            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
-            shown.append((_hwc(over), None))
-        elif v.shape[-3] == 1:
-            shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
-        else:
-            shown.append((_hwc(_display.resize(v, image_size)), None))
+    shown = _shown(columns, _normalize(columns, reduced, scale), images)
     inputs = _hwc(images)
 
     rc_all = {**PAPER_RC, **(rc or {})}
