@@ -7,6 +7,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
@@ -48,6 +49,7 @@ __all__ = [
     "Alarm",
     "Alarms",
     "Explanation",
+    "ExplanationStore",
     "FlowReport",
     "FlowStats",
     "Deconvnet",
@@ -73,9 +75,11 @@ __all__ = [
     "Targets",
     "XGradCAM",
     "batched_grad",
+    "explain_dataset",
     "grid",
     "get_method",
     "hook_counts",
+    "load_explanations",
     "load_images",
     "save_figure",
     "select_modules",
