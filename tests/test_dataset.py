@@ -248,3 +248,58 @@ def test_two_gloo_ranks_under_torchrun_equal_one_process(tmp_path, reference):
     assert torch.equal(store.scores, reference[0].scores)
     assert store.manifest["world_size"] == 2
     assert _files(out) == _files(reference[0].root)  # the ranks' progress manifests are merged and removed
+
+
+def test_cli_explains_a_folder_of_images(tmp_path, capsys):
+    from PIL import Image
+
+    from hookviz.cli import main
+
+    images = TinyData(n=6).images()
+    for i in range(6):
+        folder = tmp_path / "data" / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (images[i].permute(1, 2, 0) * 255).round().byte().numpy()
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    torch.save(tiny_model(), tmp_path / "model.pt")
+    args = [
+        "explain-dataset",
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "out"),
+        "--method",
+        "saliency",
+        "--model",
+        str(tmp_path / "model.pt"),
+        "--size",
+        "8",
+        "--target",
+        "label",
+        "--batch-size",
+        "4",
+        "--shard-size",
+        "4",
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("hookviz explain-dataset: 6 maps (3x8x8, float16) by saliency in ")
+    assert summary.endswith(f"2 shards in {(tmp_path / 'out').resolve()}")
+    store = hv.load_explanations(tmp_path / "out")
+    assert torch.equal(store.targets, torch.tensor([0, 0, 0, 1, 1, 1]))  # ImageFolder order: class0/0,2,4 class1/1,3,5
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args[:-1], "--dtype", "float32"])
+    assert exit_info.value.code == 2
+    assert "different dtype: stored 'float16', now 'float32'" in capsys.readouterr().err
+
+
+def test_cli_shapes_data_needs_the_zoo(tmp_path, capsys, monkeypatch):
+    from hookviz import zoo
+    from hookviz.cli import main
+
+    monkeypatch.delattr(zoo, "ShapesDataset", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain-dataset", "--data", "shapes:4", "--out", str(tmp_path), "--method", "gradcam"])
+    assert exit_info.value.code == 2
+    assert "needs hookviz.zoo.ShapesDataset, which this hookviz version does not have" in capsys.readouterr().err
