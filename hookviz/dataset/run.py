@@ -14,7 +14,6 @@ import hashlib
 import os
 import queue
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -557,7 +556,6 @@ def _progress_bar(total: int, enabled: bool) -> Any:
         return None
     try:
         from tqdm.auto import tqdm
-    except ImportError:
-        warnings.warn("progress=True needs tqdm (pip install tqdm); running without a bar", stacklevel=3)
+    except ImportError:  # tqdm is optional (the [progress] extra): no bar without it
         return None
     return tqdm(total=total, unit="img", desc="explain_dataset", dynamic_ncols=True)
