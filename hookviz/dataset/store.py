@@ -6,10 +6,11 @@ holds three tensors for a contiguous range of items: ``maps`` (n, ...) in the st
 shard's index range and SHA-256.
 
 Why safetensors rather than ``.npy``: one file per shard (so one atomic rename commits a shard, and one checksum
-covers it), native bfloat16 (numpy has none), and lazy memory-mapped reads (`safetensors.safe_open`). Measured on
-this project's 2-core machine (loaded) for a shard of 1024 fp16 maps of (3, 64, 64), 25 MB, write with fsync plus
-SHA-256, then read plus SHA-256, median of 5: safetensors 131 ms write / 56 ms read, three ``.npy`` files 112 ms /
-49 ms (``benchmarks/bench_shard_format.py``). The difference is small against the cost of computing the maps.
+covers it), native bfloat16 (numpy has none), and lazy memory-mapped reads (`safetensors.safe_open`). Speed is a
+wash: for a shard of 1024 fp16 maps of (3, 64, 64), 25 MB, written with fsync plus SHA-256 and read back with
+SHA-256 (median of 5, this project's 2 loaded cores, ``benchmarks/bench_shard_format.py``), safetensors took
+131 ms to write / 56 ms to read against 112 / 49 ms for three ``.npy`` files in one run, and 402 / 181 ms against
+415 / 195 ms in another under heavier load; either is small next to computing the maps.
 
 Every file is written to a temporary name in the same directory, flushed and fsync'ed, then renamed over its final
 name (`os.replace` is atomic on POSIX), so a killed run leaves either the old file or the new one, never half of one.
