@@ -71,8 +71,8 @@ def test_manifest_records_the_run(reference):
     assert hv.load_explanations(store.root).manifest == m
 
 
-def test_float16_storage_and_top_class_default(tmp_path):
-    store = _run(tmp_path, target=None, dtype="float16")
+def test_float16_storage_top_class_default_and_a_worker(tmp_path):
+    store = _run(tmp_path, target=None, dtype="float16", num_workers=1)  # items come through a worker process
     x = TinyData().images()
     direct = hv.Saliency(tiny_model()).attribute(x)
     assert torch.equal(store[:], direct.half().float())
