@@ -189,7 +189,8 @@ def _stored_records(out: Path) -> tuple[dict[str, Any] | None, dict[int, dict[st
         manifest = _store.read_json(path)
         if manifest is None or manifest.get("format") != _store.FORMAT:
             continue
-        header = header or manifest
+        if header is None or (header.get("map_shape") is None and manifest.get("map_shape") is not None):
+            header = manifest  # prefer a manifest that knows the map shape (a rank with no work has none)
         for rec in manifest.get("shards", []):
             records[int(rec["index"])] = rec
     return header, records
