@@ -7,6 +7,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
@@ -61,6 +62,7 @@ __all__ = [
     "Alarms",
     "Evaluation",
     "Explanation",
+    "ExplanationStore",
     "FlowReport",
     "FlowStats",
     "Deconvnet",
@@ -92,10 +94,12 @@ __all__ = [
     "deletion",
     "energy_in_mask",
     "evaluate",
+    "explain_dataset",
     "grid",
     "get_method",
     "hook_counts",
     "insertion",
+    "load_explanations",
     "load_images",
     "metrics",
     "pointing_game",
