@@ -116,7 +116,8 @@ class HookManager:
 
     Footgun handled here: full backward hooks on a module that works in place (``nn.ReLU(inplace=True)``) make
     PyTorch raise an autograd error (pytorch#61519). The manager switches ``inplace`` off on such modules while its
-    hooks live and restores it on removal. When a hooked module's output is modified in place *later* (e.g.
+    hooks live and restores it on removal (when several managers hold one module's flag, on the removal of the last
+    of them, in whatever order they go). When a hooked module's output is modified in place *later* (e.g.
     ``F.relu(x, inplace=True)`` in the parent's forward), leaving the ``with`` block re-raises PyTorch's error as
     a `HookError` that names the hooked modules.
     """
