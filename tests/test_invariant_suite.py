@@ -10,10 +10,10 @@ grad on for itself and back off), the others with grad enabled.
 
 What "exactly as before" means (`check_untouched`): no hook anywhere (module forward, forward-pre, backward,
 backward-pre hooks, with-kwargs and always-called tables, the global module hooks, tensor hooks on parameters),
-empty TorchFunctionMode and TorchDispatchMode stacks, no hookviz call left active, grad mode as before, every
-module's ``training``, every parameter's ``requires_grad``, every ``inplace`` flag, the state_dict bit for bit
-(BatchNorm statistics too), existing ``.grad`` tensors the same objects with the same values (and None stays None),
-and a plain ``model(x)`` giving the same output as before.
+empty TorchFunctionMode and TorchDispatchMode stacks, no hookviz call left active, no ``inplace`` flag held, grad
+mode as before, every module's ``training``, every parameter's ``requires_grad``, every ``inplace`` flag, the
+state_dict bit for bit (BatchNorm statistics too), existing ``.grad`` tensors the same objects with the same values
+(and None stays None), and a plain ``model(x)`` giving the same output as before.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torchvision import models
 
 import hookviz as hv
+from hookviz.hooks import _INPLACE_HOLDS
 from hookviz.methods.cam import GuidedGradCAM
 from hookviz.methods.guided import ReLURuleAttribution
 from hookviz.methods.scope import current_call
@@ -180,7 +181,7 @@ def arch_model(request, zoo) -> tuple[str, nn.Module, Tensor, Snapshot]:
 def check_untouched(model: nn.Module, x: Tensor, snap: Snapshot, grad_enabled: bool) -> None:
     assert _get_current_function_mode_stack() == []
     assert _get_current_dispatch_mode_stack() == []
-    assert current_call() is None
+    assert current_call() is None and len(_INPLACE_HOLDS) == 0
     assert torch.is_grad_enabled() is grad_enabled and not torch.is_inference_mode_enabled()
     assert _global_hooks() == [0] * 5
     for n, m in snap.modules:
