@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import pickle
+import re
 import sys
 import zipfile
 from collections.abc import Sequence
@@ -35,12 +37,15 @@ models:
   torchvision:NAME --weights FILE.pt
                               a local state_dict loaded into the torchvision architecture (a different number of
                               classes in the final layer is taken from the file)
-  PATH.pt                     a whole model saved with torch.save(model), loaded with torch.load(weights_only=False):
-                              that runs pickle, which can execute arbitrary code, so only load files you trust; the
-                              model's class must be importable. A TorchScript file (torch.jit.save) is loaded with
-                              torch.jit.load; TorchScript modules take no hooks, so only the gradient and
-                              perturbation methods work (saliency, input-x-gradient, integrated-gradients,
-                              smoothgrad, occlusion, rise).
+  PATH.pt                     a whole model saved with torch.save(model), loaded safely with
+                              torch.load(weights_only=True): no code from the file runs, so only models built from
+                              torch.nn and torchvision classes load (any torchvision model, nn.Sequential of nn
+                              layers); for a state_dict use --weights. A model of your own classes needs
+                              --trust-pickle: full unpickling, which can execute arbitrary code from the file, so only
+                              for files you trust (the classes must be importable). A TorchScript file
+                              (torch.jit.save) is loaded with torch.jit.load; TorchScript modules take no hooks, so
+                              only the gradient and perturbation methods work (saliency, input-x-gradient,
+                              integrated-gradients, smoothgrad, occlusion, rise).
   Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
   with the ImageNet mean and std.
 
@@ -253,7 +258,35 @@ def _is_torchscript(path: str) -> bool:
         return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
 
 
-def _file_model(path: str, device: str) -> nn.Module:
+def _safe_model_globals() -> list[Any]:
+    """What a whole pickled model may name under ``weights_only=True``: the module classes of torch.nn, torchvision
+    models and torchvision ops, and ``functools.partial`` (torchvision stores ``norm_layer=partial(nn.LayerNorm, ...)``;
+    unpickling a partial calls nothing, and its function must itself be allowed)."""
+    import functools
+    import importlib
+    import pkgutil
+
+    import torchvision
+
+    found: set[type] = set()
+    for package in (torch.nn.modules, torchvision.models, torchvision.ops):
+        names = [package.__name__] + [i.name for i in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+        for name in names:
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - an optional submodule that cannot import names nothing to allow
+                continue
+            for value in vars(module).values():
+                if (
+                    isinstance(value, type)
+                    and issubclass(value, nn.Module)
+                    and value.__module__.startswith(("torch.nn.", "torchvision."))
+                ):
+                    found.add(value)
+    return [functools.partial, *sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}")]
+
+
+def _file_model(path: str, device: str, trust_pickle: bool = False) -> nn.Module:
     if not os.path.isfile(path):
         raise UsageError(
             f"--model: no such model file {path!r}; pass torchvision:NAME[:WEIGHTS] or the path of a .pt file"
@@ -261,9 +294,28 @@ def _file_model(path: str, device: str) -> nn.Module:
     try:
         if _is_torchscript(path):
             model = torch.jit.load(path, map_location=device)
-        else:
-            # a whole pickled model: pickle runs code from the file, which is why --help says to trust it
+        elif trust_pickle:
+            print(
+                f"hookviz: warning: --trust-pickle: unpickling {path!r} with torch.load(weights_only=False), "
+                "which runs any code the file contains",
+                file=sys.stderr,
+            )
             model = torch.load(path, map_location=device, weights_only=False)
+        else:
+            with torch.serialization.safe_globals(_safe_model_globals()):
+                model = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if trust_pickle:
+            raise UsageError(f"--model: cannot unpickle {path!r} ({exc})") from None
+        # torch's message spans many lines; the reason is on the line naming the global that is not allowed
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+        reason = next((line for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+        reason = reason.split(". Please use")[0].removeprefix("WeightsUnpickler error: ")
+        raise UsageError(
+            f"--model: {path!r} is not a model made of torch.nn / torchvision classes, so it cannot be loaded safely "
+            f"with torch.load(weights_only=True) ({reason}); if you trust the file, pass --trust-pickle (unpickling "
+            "can run any code in it)"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any failure to read the file is the user's to fix
         raise UsageError(
             f"--model: cannot load {path!r} ({type(exc).__name__}: {exc}); a pickled model's class must be importable"
@@ -279,6 +331,8 @@ def _file_model(path: str, device: str) -> nn.Module:
 
 def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
     spec = args.model
+    if args.trust_pickle and spec.startswith("torchvision:"):
+        raise UsageError("--trust-pickle applies to --model PATH.pt; torchvision models and --weights load safely")
     if spec.startswith("torchvision:"):
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not parts[1]:
@@ -289,7 +343,7 @@ def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
         return _torchvision_model(name, weights or args.weights, args.size)
     if args.weights is not None:
         raise UsageError("--weights applies to --model torchvision:NAME; a PATH.pt model carries its own weights")
-    model = _file_model(spec, args.device)
+    model = _file_model(spec, args.device, args.trust_pickle)
     return model, _preset(args.size or 224), None, ""
 
 
@@ -493,7 +547,13 @@ def _parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         metavar="torchvision:NAME[:WEIGHTS] | PATH.pt",
-        help="the model (see 'models' above); PATH.pt is unpickled: only load files you trust",
+        help="the model (see 'models' above); PATH.pt loads with torch.load(weights_only=True) unless --trust-pickle",
+    )
+    ex.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle --model PATH.pt fully (weights_only=False) for models of your own classes: this can execute "
+        "arbitrary code from the file, so only for files you trust",
     )
     ex.add_argument(
         "--method",
@@ -546,6 +606,7 @@ def _parser() -> argparse.ArgumentParser:
     ds.add_argument("--method", required=True, metavar="M", help="one attribution method, e.g. gradcam")
     ds.add_argument("--model", default=None, metavar="torchvision:NAME[:WEIGHTS] | PATH.pt", help="as in explain")
     ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")
+    ds.add_argument("--trust-pickle", action="store_true", help="as in explain: full unpickling of --model PATH.pt")
     ds.add_argument("--target", default=None, metavar="T", help="a class index, 'label' or 'top' (default: top)")
     ds.add_argument("--size", type=int, default=None, metavar="S", help="image size for a folder (default: 224)")
     ds.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: %(default)s)")

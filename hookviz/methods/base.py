@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..hooks import HookManager
 from ..inputs import check_model_inputs, expected_channels, load_images, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
+from .scope import active_call
 
 if TYPE_CHECKING:
     from ..explanation import Explanation
@@ -142,7 +143,12 @@ class Attribution:
 
     @contextmanager
     def _prepared(self) -> Iterator[HookManager]:
-        """Snapshot the model, prepare it for one explanation, and restore it in ``finally``."""
+        """Snapshot the model, prepare it for one explanation, and restore it in ``finally``.
+
+        The block is one active call (`scope.active_call`): the method's hooks act only while it is the innermost.
+        Everything is undone for any exception, ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit``
+        included (a generator context manager gets them thrown in at ``yield``).
+        """
         if torch.is_inference_mode_enabled():
             raise RuntimeError(
                 "hookviz methods need autograd, which torch.inference_mode() switches off; call them outside "
@@ -162,7 +168,7 @@ class Attribution:
                 model.eval()
             for p, _ in flags:
                 p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
-            with torch.enable_grad(), HookManager(model) as hooks:
+            with active_call(), torch.enable_grad(), HookManager(model) as hooks:
                 yield hooks
         finally:
             for m, training in modes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -16,6 +17,7 @@ from ..hooks import HookError, HookManager, select_modules
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
 from .guided import GuidedBackprop
+from .scope import acting, active_call, current_call
 
 # (N, T, D) tokens -> (N, D, h, w); also applied to the gradients, so it must only rearrange
 Reshape: TypeAlias = "tuple[int, int] | Callable[[Tensor], Tensor] | None"
@@ -68,37 +70,67 @@ def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
     zero there and every map would be empty; before the last attention, the patch tokens still reach the class
     token. Attention modules are ``nn.MultiheadAttention`` and modules whose class name contains "Attention".
 
-    Costs one forward of one sample.
+    The probe is one forward pass of `x` as given (the whole batch: what the explained forward pass sees, so a
+    layout the model rejects fails as the model's own forward does, with a note), without gradients and with every
+    module in eval mode, so the choice depends neither on the batch nor on the model's modes, and BatchNorm
+    statistics are left alone; the modes are restored afterwards. The probe is an active call (`scope`): hooks of
+    an enclosing hookviz call do not act on it.
     """
-    records: list[tuple[int, str, nn.Module, Tensor]] = []  # 4-D maps, with their completion order
-    pooled: set[int] = set()
-    norms: dict[int, tuple[int, str, nn.Module, Tensor]] = {}  # id(output) -> LayerNorm with a 3-D output
-    attention_inputs: list[Tensor] = []  # kept alive so that ids stay unique
+    records: list[tuple[int, str, nn.Module]] = []  # 4-D maps, with their completion order
+    pooled: dict[int, weakref.ref[Tensor]] = {}  # outputs of pooling / pass-through modules, by id
+    norms: dict[int, tuple[int, str, nn.Module, weakref.ref[Tensor]]] = {}  # LayerNorms with a 3-D output, by id
+    attention_inputs: list[int] = []  # ids of the inputs of attention modules, in call order
     order = [0]
 
+    def known(table: dict[int, Any], t: Tensor) -> Any:
+        # weak references: no activation is kept alive, and an id reused by a later tensor is not mistaken for it
+        entry = table.get(id(t))
+        ref = entry[-1] if isinstance(entry, tuple) else entry
+        return entry if ref is not None and ref() is t else None
+
     def on_output(name: str, module: nn.Module, args: Any, out: Any) -> None:
+        if not acting(call):
+            return
         order[0] += 1
         if not isinstance(out, Tensor):
             return
         if out.dim() == 4 and out.shape[-1] * out.shape[-2] > 1:
             if isinstance(module, _NOT_CAM_LAYERS):
-                pooled.add(id(out))
-            records.append((order[0], name, module, out))
+                pooled[id(out)] = weakref.ref(out)
+            elif known(pooled, out) is None:  # containers whose output is a pooling layer's are skipped
+                records.append((order[0], name, module))
         elif out.dim() == 3 and isinstance(module, nn.LayerNorm):
-            norms[id(out)] = (order[0], name, module, out)
+            norms[id(out)] = (order[0], name, module, weakref.ref(out))
 
     def on_attention(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not acting(call):
+            return
         query = args[0] if args else kwargs.get("query", kwargs.get("hidden_states"))
         if isinstance(query, Tensor):
-            attention_inputs.append(query)
+            norm = known(norms, query)
+            if norm is not None:
+                attention_inputs.append(norm[:3])
 
-    with torch.no_grad(), HookManager(model) as hooks:
-        hooks.forward(lambda name, module: name != "", on_output, with_name=True)
-        if any(_is_attention(m) for m in model.modules()):
-            hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
-        model(x[:1])
-    maps = [(i, n, m) for i, n, m, out in records if id(out) not in pooled and not isinstance(m, _NOT_CAM_LAYERS)]
-    tokens = [norms[id(q)][:3] for q in attention_inputs if id(q) in norms]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        with active_call() as call, torch.no_grad(), HookManager(model) as hooks:
+            model.eval()
+            hooks.forward(lambda name, module: name != "", on_output, with_name=True)
+            if any(_is_attention(m) for m in model.modules()):
+                hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
+            try:
+                model(x)
+            except Exception as exc:
+                exc.add_note(
+                    f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
+                    f"given, shape {tuple(x.shape)}); the model's forward must accept them as a batch (N, ...)"
+                )
+                raise
+    finally:
+        for m, training in modes:
+            m.training = training
+    maps = records
+    tokens = attention_inputs
     if tokens and (not maps or tokens[-1][0] > maps[-1][0]):
         return tokens[-1][1:]
     if not maps:
@@ -289,8 +321,11 @@ class CAMAttribution(Attribution):
             self._layer = choose_layer(self.model, x)
         name, module = self._layer
         acts: list[Tensor] = []
+        call = current_call()
 
-        def on_layer(mod: nn.Module, args: Any, out: Any) -> Tensor:
+        def on_layer(mod: nn.Module, args: Any, out: Any) -> Tensor | None:
+            if not acting(call):
+                return None  # the forward pass of another hookviz call nested inside this one
             if not isinstance(out, Tensor):
                 raise HookError(
                     f"layer {name!r} returns {type(out).__name__}, not a tensor; choose a layer whose output is one "

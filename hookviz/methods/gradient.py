@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from numbers import Real
 from typing import Any, Literal, TypeAlias
 
@@ -36,14 +36,21 @@ _SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overla
 
 # -- shared helpers -------------------------------------------------------------------------------------------------
 def _input_gradient(
-    model: nn.Module, x: Tensor, target: TargetSpec | TargetPlan, backward: BackwardStrategy = "auto"
+    model: nn.Module,
+    x: Tensor,
+    target: TargetSpec | TargetPlan,
+    backward: BackwardStrategy = "auto",
+    forward: AbstractContextManager[Any] | None = None,
 ) -> tuple[Tensor, Targets]:
     """One forward of `x` (N, ...) and one batched backward: the input gradient (N, K, ...) and the resolved targets.
 
     Differentiates through a fresh leaf over the caller's data, so `x` never gets ``requires_grad`` or a ``.grad``.
+    `forward`: a context entered around the forward pass only (a method's gradient rules).
     """
     inp = x.detach().requires_grad_(True)
-    targets = resolve_targets(target, model(inp), x.shape[0])
+    with forward if forward is not None else nullcontext():
+        output = model(inp)
+    targets = resolve_targets(target, output, x.shape[0])
     (grad,) = batched_grad(targets.scores, [inp], strategy=backward)
     return grad, targets
 
@@ -111,19 +118,20 @@ def _check_int(name: str, value: object, minimum: int, what: str) -> int:
 
 # -- the plain gradient and input x gradient ------------------------------------------------------------------------
 class InputGradientAttribution(Attribution):
-    """Differentiates the target score w.r.t. the input; subclasses place gradient rules in `_place_hooks` and
+    """Differentiates the target score w.r.t. the input; subclasses place gradient rules in `_forward_rules` and
     may turn the gradient into their attribution in `_from_gradient`."""
 
-    def _place_hooks(self, hooks: HookManager) -> None:
-        """Place the method's hooks before the forward pass (none for the plain gradient)."""
+    def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[Any]:
+        """Place the method's hooks for one pass; the returned context is entered around its forward pass only and
+        must undo, on exit, whatever it changed (none for the plain gradient)."""
+        return nullcontext()
 
     def _from_gradient(self, x: Tensor, grad: Tensor) -> Tensor:
         """The attribution (N, K, ...) from the inputs `x` (N, ...) and their gradient (N, K, ...): the gradient."""
         return grad
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        self._place_hooks(hooks)
-        grad, targets = _input_gradient(self.model, x, target, self.backward)
+        grad, targets = _input_gradient(self.model, x, target, self.backward, self._forward_rules(hooks))
         return self._from_gradient(x, grad), targets
 
 
