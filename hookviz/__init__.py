@@ -28,6 +28,7 @@ from .methods import (
     Saliency,
     ScoreCAM,
     SmoothGrad,
+    VarGrad,
     XGradCAM,
     get_method,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "ScoreCAM",
     "SmoothGrad",
     "Targets",
+    "VarGrad",
     "XGradCAM",
     "batched_grad",
     "grid",

@@ -12,7 +12,14 @@ from .cam import (
     XGradCAM,
     choose_layer,
 )
-from .gradient import InputGradientAttribution, InputXGradient, IntegratedGradients, Saliency, SmoothGrad
+from .gradient import (
+    InputGradientAttribution,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+    VarGrad,
+)
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "Saliency",
     "ScoreCAM",
     "SmoothGrad",
+    "VarGrad",
     "XGradCAM",
     "choose_layer",
     "get_method",
