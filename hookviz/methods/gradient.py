@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from numbers import Real
-from contextlib import ExitStack
 from typing import Any, ClassVar, Literal, TypeAlias
 
 import torch
@@ -453,11 +452,11 @@ class SmoothGrad(Attribution):
             parts = []
             for s in range(start // n_in, (stop - 1) // n_in + 1):  # the copies this chunk touches, in order
                 if s > copy_index:  # chunks are contiguous: s is the next copy to draw
-                    copy_index, copy = s, tuple(t + scale * self._noise(t) for t, scale in zip(xs, scales))
+                    copy_index, copy = s, tuple(t + scale * self._noise(t) for t, scale in zip(xs, scales, strict=True))
                 lo, hi = max(start - s * n_in, 0), min(stop - s * n_in, n_in)
                 parts.append(tuple(c[lo:hi] for c in copy))
             rows = torch.arange(start, stop, device=xs[0].device) % n_in
-            chunk = parts[0] if len(parts) == 1 else tuple(torch.cat(p) for p in zip(*parts))
+            chunk = parts[0] if len(parts) == 1 else tuple(torch.cat(p) for p in zip(*parts, strict=True))
             run_kwargs: dict[str, Any] = {k: take_rows(v, rows) for k, v in state.items()}
             if method.multi_input:
                 run_kwargs["forward_args"] = fwd.rows(rows)
@@ -480,7 +479,7 @@ class SmoothGrad(Attribution):
             score_total.index_add_(0, rows, targets.scores.detach().to(score_total.dtype))  # type: ignore[union-attr]
             multi = targets.multi
         assert sums is not None and squares is not None and score_total is not None  # n >= 1 and N >= 1
-        result = tuple(self._reduce(total, sq) for total, sq in zip(sums, squares))
+        result = tuple(self._reduce(total, sq) for total, sq in zip(sums, squares, strict=True))
         return (result if as_tuple_result else result[0]), Targets(score_total / self.n, indices, multi)
 
     def _noise(self, t: Tensor) -> Tensor:
@@ -501,7 +500,8 @@ class VarGrad(SmoothGrad):
     "A Benchmark for Interpretability Methods in Deep Neural Networks", arXiv:1806.10758).
 
     The variance of a method M over n noisy copies of each input, with SmoothGrad's noise (see `SmoothGrad`):
-    $$ V(x) = \frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)^2 - \Big(\frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)\Big)^2 $$
+    $$ V(x) = \frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)^2
+    - \Big(\frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)\Big)^2 $$
     (the population variance, as captum's ``NoiseTunnel(nt_type="vargrad")``), element-wise, >= 0. Result shaped
     like M's. Arguments as `SmoothGrad` (without ``squared``).
 
@@ -650,7 +650,7 @@ class IntegratedGradients(Attribution):
             return tuple(_one_baseline(b, x) for x in xs)
         if len(b) != len(xs):
             raise ValueError(f"baseline is a tuple of {len(b)} entries but {len(xs)} input tensors came; give one each")
-        return tuple(_one_baseline(bi, x) for bi, x in zip(b, xs))
+        return tuple(_one_baseline(bi, x) for bi, x in zip(b, xs, strict=True))
 
     def _per_input_state(self, xs: tuple[Tensor, ...]) -> dict[str, tuple[Tensor, ...]]:
         """Per-input tensors (N, ...) that a wrapper expanding the batch (SmoothGrad) indexes with its rows."""
@@ -678,7 +678,7 @@ class IntegratedGradients(Attribution):
             plan = TargetPlan(at_x.indices, None, False)
         at_baseline, layer_b = _scores_and_layer(model, baselines, plan, self.batch_size, fwd, tap)
         if tap is None:
-            starts, diffs = baselines, tuple(t - b for t, b in zip(xs, baselines))
+            starts, diffs = baselines, tuple(t - b for t, b in zip(xs, baselines, strict=True))
         else:
             assert layer_x is not None and layer_b is not None
             starts, diffs = (layer_b,), (layer_x - layer_b,)
@@ -692,7 +692,8 @@ class IntegratedGradients(Attribution):
             rows = torch.arange(start, stop, device=device)
             i, j = rows % n_in, rows // n_in
             points = tuple(
-                s[i] + alpha_t[j].to(s.dtype).view(-1, *(1,) * (s.dim() - 1)) * d[i] for s, d in zip(starts, diffs)
+                s[i] + alpha_t[j].to(s.dtype).view(-1, *(1,) * (s.dim() - 1)) * d[i]
+                for s, d in zip(starts, diffs, strict=True)
             )
             if tap is None:
                 _, grads, _ = _gradients(model, points, _plan_rows(plan, i), self.backward, fwd.rows(i))
@@ -705,7 +706,8 @@ class IntegratedGradients(Attribution):
                 if totals[e] is None:
                     totals[e] = grad.new_zeros((n_in, *grad.shape[1:]))
                 totals[e].index_add_(0, i, grad)  # type: ignore[union-attr]
-        attribution = tuple(d.to(acc).unsqueeze(1) * t for d, t in zip(diffs, totals))  # steps >= 1: all set
+        # steps >= 1: every total is set
+        attribution = tuple(d.to(acc).unsqueeze(1) * t for d, t in zip(diffs, totals, strict=True))
         self._check_completeness(attribution, at_x.scores, at_baseline.scores)
         targets = Targets(at_x.scores, at_x.indices, at_x.multi)
         return (attribution[0] if tap is not None else attribution), targets
