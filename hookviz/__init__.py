@@ -34,6 +34,7 @@ from .methods import (
 )
 from .record import ActivationRecorder, GradientRecorder
 from .targets import Targets, batched_grad
+from .text import TokenExplanation
 
 try:
     __version__ = version("hookviz")
@@ -72,6 +73,7 @@ __all__ = [
     "ScoreCAM",
     "SmoothGrad",
     "Targets",
+    "TokenExplanation",
     "VarGrad",
     "XGradCAM",
     "batched_grad",
