@@ -360,6 +360,7 @@ class SmoothGrad(Attribution):
         smooth_ig = SmoothGrad(IntegratedGradients(model, steps=16), n=10, batch_size=5)
     """
 
+    multi_input = True  # as the wrapped method: set per instance
     expands_batch = True
     _reduction: str = "mean"  # "mean", "mean_sq" (SmoothGrad-Squared) or "var" (VarGrad)
 
