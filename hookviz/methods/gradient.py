@@ -283,6 +283,8 @@ class Saliency(InputGradientAttribution):
 
     $$ A = \partial y_c / \partial x $$, signed, shaped like the input (N, C, H, W); (N, K, C, H, W) with K
     targets per input. Take ``.abs()`` (or display with ``reduce="max-abs"``) for the paper's saliency map.
+    With ``layer=`` it is the gradient w.r.t. that layer's output, shaped like it (captum's
+    ``LayerGradientXActivation(..., multiply_by_inputs=False)``).
 
     Example::
 
@@ -301,6 +303,7 @@ class InputXGradient(InputGradientAttribution):
 
     $$ A = x \odot \partial y_c / \partial x $$, signed, shaped like the input (N, C, H, W); (N, K, C, H, W) with K
     targets per input. For a linear model $$ y = w^\top x + b $$ it is $$ x \odot w $$, which sums to $$ y - b $$.
+    With ``layer=`` it is the layer's activation times its gradient (captum's ``LayerGradientXActivation``).
 
     Example::
 
