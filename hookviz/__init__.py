@@ -31,6 +31,7 @@ from .methods import (
     Saliency,
     ScoreCAM,
     SmoothGrad,
+    VarGrad,
     XGradCAM,
     get_method,
 )
@@ -46,6 +47,7 @@ from .metrics import (
 )
 from .record import ActivationRecorder, GradientRecorder
 from .targets import Targets, batched_grad
+from .text import TokenExplanation
 
 try:
     __version__ = version("hookviz")
@@ -89,6 +91,8 @@ __all__ = [
     "ScoreCAM",
     "SmoothGrad",
     "Targets",
+    "TokenExplanation",
+    "VarGrad",
     "XGradCAM",
     "batched_grad",
     "deletion",

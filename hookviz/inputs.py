@@ -619,7 +619,7 @@ def check_finite(t: Tensor, name: str) -> None:
         )
 
 
-def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tensor:
+def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs", *, conv_check: bool = True) -> Tensor:
     """Check a batch `x` (N, ...) against `model` before any work and return it ready for the model.
 
     Refused, with a message naming `where`, what came and what is expected: non-tensors (`TypeError`), tensors
@@ -627,7 +627,9 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tenso
     ``nn.Conv2d``: 4-D (N, C, H, W), ``nn.Conv3d``: 5-D (N, C, D, H, W)), a channel count other than its
     ``in_channels``, non-float dtypes, sparse and meta tensors (`TypeError`/`ValueError`), NaN or Inf values. The
     first convolution is the first in ``model.modules()`` order: a model whose forward reshapes its input before
-    that convolution (e.g. folds (N, T, C, H, W) into (N * T, C, H, W)) must get the reshaped batch.
+    that convolution (e.g. folds (N, T, C, H, W) into (N * T, C, H, W)) must get the reshaped batch; a flat (N, F)
+    batch is passed on unchecked against it (models that reshape features into an image), and so is every tensor
+    with ``conv_check=False`` (the tensors of a tuple of inputs: which one feeds the convolution is unknown).
 
     Convention: the result is cast to the model's floating-point parameter dtype (`model_dtype`; unchanged for a model
     without parameters or buffers) and moved to its device; `visualize` goes through the same cast after
@@ -651,7 +653,7 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs") -> Tenso
         raise ValueError(f"{where} are on the meta device (shapes without data); pass a tensor that holds values")
     if x.shape[0] == 0:
         raise ValueError(f"{where} hold an empty batch (N = 0), shape {tuple(x.shape)}; expected N >= 1")
-    found = _first_conv(model)
+    found = _first_conv(model) if conv_check and x.dim() != 2 else None
     if found is not None:
         name, conv = found
         layout = next(v for k, v in _CONV_LAYOUTS.items() if isinstance(conv, k))

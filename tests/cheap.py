@@ -14,6 +14,7 @@ import hookviz as hv
 
 CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
     "smoothgrad": {"n": 3},
+    "vargrad": {"n": 3},
     "integrated-gradients": {"steps": 4},
     "occlusion": {"window": (2, 2)},
     "rise": {"n_masks": 8, "cell": 2},
@@ -23,6 +24,6 @@ CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
 def cheap_method(name: str, model: nn.Module, **options: Any) -> hv.Attribution:
     """The registered method `name` on `model`, with cheap options (overridden by `options`)."""
     kwargs = {**CHEAP_OPTIONS.get(name, {}), **options}
-    if name == "smoothgrad" and "generator" not in kwargs:
+    if name in ("smoothgrad", "vargrad") and "generator" not in kwargs:
         kwargs["generator"] = torch.Generator().manual_seed(0)
     return hv.get_method(name)(model, **kwargs)

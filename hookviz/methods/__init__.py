@@ -12,7 +12,14 @@ from .cam import (
     XGradCAM,
     choose_layer,
 )
-from .gradient import InputGradientAttribution, InputXGradient, IntegratedGradients, Saliency, SmoothGrad
+from .gradient import (
+    InputGradientAttribution,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+    VarGrad,
+)
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
 from .perturbation import RISE, Occlusion, PerturbationAttribution
 
@@ -38,6 +45,7 @@ __all__ = [
     "Saliency",
     "ScoreCAM",
     "SmoothGrad",
+    "VarGrad",
     "XGradCAM",
     "choose_layer",
     "get_method",

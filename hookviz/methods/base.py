@@ -22,6 +22,7 @@ from .scope import active_call
 
 if TYPE_CHECKING:
     from ..explanation import Explanation
+    from ..text import TokenExplanation
 
 METHODS: dict[str, type[Attribution]] = {}
 
@@ -62,6 +63,10 @@ class Attribution:
 
     key: ClassVar[str] = ""
     display_defaults: ClassVar[dict[str, Any]] = {}
+    # several inputs and additional_forward_args: `_run` then gets a tuple of inputs and ``forward_args=``
+    multi_input: ClassVar[bool] = False
+    # evaluates the model on several rows per input (per-sample extra forward arguments are expanded with them)
+    expands_batch: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, eval_mode: bool = True, backward: BackwardStrategy = "auto") -> None:
         if not isinstance(model, nn.Module):
@@ -75,14 +80,25 @@ class Attribution:
         self.backward = backward
 
     # -- public API ---------------------------------------------------------------------------------------------
-    def attribute(self, inputs: Tensor, target: TargetSpec = None) -> Tensor:
+    def attribute(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        additional_forward_args: Any = None,
+    ) -> Tensor | tuple[Tensor, ...]:
         """Raw attribution for a batch `inputs` (N, ...); see the subclass for the result's shape.
 
         With an (N, K) `target` the result gains a K axis after N. `inputs` are checked before any work (rank and
         channels against the model's first convolution, finite values; `hookviz.inputs.check_model_inputs`) and cast
         to the model's parameter dtype and device: a float64 batch on a float32 model is explained in float32.
+        Methods with several inputs (``multi_input``) take a tuple of tensors sharing N, passed to ``forward`` as
+        ``model(*inputs, *additional_forward_args)``, and return a tuple of attributions shaped like them;
+        `additional_forward_args` (one argument or a tuple) are passed on to ``forward`` but not attributed.
         """
-        return self._explain(self._check_inputs(inputs), target)[0]
+        x, kwargs, single = self._call_args(inputs, additional_forward_args)
+        attribution = self._explain(x, target, **kwargs)[0]
+        return attribution[0] if single and isinstance(attribution, tuple) else attribution
 
     def visualize(
         self,
@@ -91,23 +107,38 @@ class Attribution:
         *,
         preprocess: Any = "imagenet",
         labels: Sequence[str] | Any | None = None,
-    ) -> Explanation:
+        vocab: Sequence[str] | Callable[[int], str] | None = None,
+        additional_forward_args: Any = None,
+    ) -> Explanation | TokenExplanation:
         """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
 
         Non-tensor images go through `preprocess` (default: the ImageNet preset; any callable such as a
         torchvision weights' ``transforms()``); tensors are used as given. `labels`: class names indexed by class id,
         or a torchvision weights enum member (its ``meta["categories"]``). The `Explanation` shows itself in Jupyter.
+
+        Token ids (an integer (N, T) tensor, with a method built with ``layer=``, e.g. the embedding) give a
+        `hookviz.text.TokenExplanation` instead: highlighted text, `vocab` (a list or a callable id -> str) naming
+        the tokens.
         """
         from ..explanation import Explanation
 
+        if isinstance(images, Tensor) and not (images.is_floating_point() or images.is_complex()):
+            from ..text import explain_tokens
+
+            return explain_tokens(
+                self, images, target, vocab=vocab, labels=labels, additional_forward_args=additional_forward_args
+            )
         batch = load_images(
             images,
             preprocess=preprocess,
             device=model_device(self.model),
             channels=expected_channels(self.model) or 3,
         )
-        x = self._check_inputs(batch.tensor)
-        attribution, targets = self._explain(x, target)
+        x, kwargs, _ = self._call_args(batch.tensor, additional_forward_args)
+        attribution, targets = self._explain(x, target, **kwargs)
+        # multi-input methods take and give tuples: one image tensor came, one attribution goes
+        attribution = attribution[0] if isinstance(attribution, tuple) else attribution
+        x = x[0] if isinstance(x, tuple) else x
         return Explanation(
             attribution=attribution.detach(),
             images=batch.images,
@@ -126,20 +157,82 @@ class Attribution:
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:
-        spec = check_target(target, x.shape[0])
+        spec = check_target(target, (x[0] if isinstance(x, tuple) else x).shape[0])
         with self._prepared() as hooks:
             attribution, targets = self._run(x, spec, hooks, **kwargs)
         if not targets.multi:
-            attribution = attribution.squeeze(1)
+            if isinstance(attribution, tuple):  # one attribution per input tensor
+                attribution = tuple(a.squeeze(1) for a in attribution)
+            else:
+                attribution = attribution.squeeze(1)
         return attribution, targets
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         """One forward and one batched backward; returns the attribution with a K axis, (N, K, ...)."""
         raise NotImplementedError
 
-    def _check_inputs(self, x: Any) -> Tensor:
+    def _check_inputs(self, x: Any, where: str = "inputs", *, conv_check: bool = True) -> Tensor:
         """The batch checked against the model and cast to its device and parameter dtype (`check_model_inputs`)."""
-        return check_model_inputs(self.model, x)
+        return check_model_inputs(self.model, x, where, conv_check=conv_check)
+
+    # -- several inputs and extra forward arguments (see methods/forward.py) -------------------------------------
+    def _allows_integer_inputs(self) -> bool:
+        """Whether integer inputs (token ids) are allowed: only when the method attributes to a layer."""
+        return False
+
+    def _call_args(self, inputs: Any, additional_forward_args: Any) -> tuple[Any, dict[str, Any], bool]:
+        """Check `inputs` (a tensor or a tuple of tensors) and `additional_forward_args` before any work.
+
+        Returns what `_explain` takes (a tuple of tensors for ``multi_input`` methods, else the one tensor), its
+        keyword arguments (``forward_args=`` for ``multi_input`` methods), and whether one tensor came.
+        """
+        from .forward import check_forward_args
+
+        single = not isinstance(inputs, tuple)
+        if not self.multi_input and (not single or additional_forward_args is not None):
+            what = "a tuple of inputs" if not single else "additional_forward_args"
+            raise TypeError(
+                f"{type(self).__name__} does not take {what}; it explains one input tensor passed alone to forward"
+            )
+        xs = self._check_input_tuple(inputs)
+        if not self.multi_input:
+            return xs[0], {}, True
+        fwd = check_forward_args(
+            additional_forward_args, xs[0].shape[0], expanding=self.expands_batch, method=type(self).__name__
+        )
+        return xs, {"forward_args": fwd}, single
+
+    def _check_input_tuple(self, inputs: Any) -> tuple[Tensor, ...]:
+        """`_check_inputs` for a tensor or each tensor of a tuple, which must share the batch size N."""
+        single = not isinstance(inputs, tuple)
+        items = (inputs,) if single else inputs
+        if not items:
+            raise ValueError("inputs is an empty tuple; give one tensor (N, ...) or a tuple of tensors sharing N")
+        checked = []
+        for k, x in enumerate(items):
+            where = "inputs" if single else f"inputs[{k}]"
+            if isinstance(x, Tensor) and not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+                if not self._allows_integer_inputs():
+                    raise TypeError(
+                        f"{where} is an integer tensor ({x.dtype}); {type(self).__name__} differentiates its inputs, "
+                        "so they must be floating-point (images: x.float() / 255); integer inputs such as token ids "
+                        "are explained at a layer: pass layer= (e.g. the embedding module) to Saliency, "
+                        "InputXGradient or IntegratedGradients"
+                    )
+                if x.dim() < 1 or x.shape[0] == 0:
+                    raise ValueError(f"{where} needs a non-empty batch axis first, (N, ...); got {tuple(x.shape)}")
+                checked.append(x.to(model_device(self.model)))
+                continue
+            # which tensor of a tuple feeds the first convolution is unknown, so only a single input is checked
+            # against it
+            checked.append(self._check_inputs(x, where, conv_check=single))
+        sizes = [x.shape[0] for x in checked]
+        if len(set(sizes)) > 1:
+            raise ValueError(
+                f"inputs: the tensors of a tuple must share the batch size N (their first dimension); got sizes "
+                f"{sizes} for shapes {[tuple(x.shape) for x in checked]}"
+            )
+        return tuple(checked)
 
     @contextmanager
     def _prepared(self) -> Iterator[HookManager]:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..hooks import HookError, HookManager, select_modules
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
+from .forward import ForwardArgs, as_tuple
 from .guided import GuidedBackprop
 from .scope import acting, active_call, current_call
 
@@ -55,7 +56,9 @@ def _is_attention(module: nn.Module) -> bool:
     return isinstance(module, nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
 
 
-def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
+def choose_layer(
+    model: nn.Module, x: Tensor | tuple[Tensor, ...], forward_args: ForwardArgs | None = None
+) -> tuple[str, nn.Module]:
     """The CAM layer of `model` for inputs like `x`: the last convolutional map, or the last attention block's input.
 
     Convolutional maps: the last module, in order of completion, whose output is a 4-D (N, C, h, w) map with more
@@ -118,12 +121,14 @@ def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
             hooks.forward(lambda name, module: name != "", on_output, with_name=True)
             if any(_is_attention(m) for m in model.modules()):
                 hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
+            xs = as_tuple(x)
             try:
-                model(x)
+                (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
             except Exception as exc:
                 exc.add_note(
                     f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
-                    f"given, shape {tuple(x.shape)}); the model's forward must accept them as a batch (N, ...)"
+                    f"given, shape {', '.join(str(tuple(t.shape)) for t in xs)}); the model's forward must accept "
+                    "them as a batch (N, ...)"
                 )
                 raise
     finally:
@@ -240,6 +245,7 @@ class CAMAttribution(Attribution):
     """
 
     display_defaults = {"reduce": None, "mode": "minmax", "cmap": "jet", "overlay": True}
+    multi_input = True  # a tuple of inputs and additional_forward_args (not Score-CAM, Guided Grad-CAM)
 
     def __init__(
         self,
@@ -280,17 +286,26 @@ class CAMAttribution(Attribution):
         """Dotted name of the layer explained (None until the first call when it is chosen automatically)."""
         return None if self._layer is None else self._layer[0]
 
-    def attribute(self, inputs: Tensor, target: TargetSpec = None, *, upsample: bool | str = False) -> Tensor:
+    def attribute(  # type: ignore[override]
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        upsample: bool | str = False,
+        additional_forward_args: Any = None,
+    ) -> Tensor:
         """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input).
 
-        ``upsample`` resizes them to the input's (H, W): True or ``"bilinear"`` (``align_corners=False``),
-        ``"nearest"`` (as captum's ``LayerAttribution.interpolate`` default) or ``"bicubic"``; False keeps them.
+        ``upsample`` resizes them to the input's (H, W) (the first input's, for a tuple): True or ``"bilinear"``
+        (``align_corners=False``), ``"nearest"`` (as captum's ``LayerAttribution.interpolate`` default) or
+        ``"bicubic"``; False keeps them. A tuple of inputs and `additional_forward_args` are passed to ``forward`` as
+        in `Attribution.attribute`.
         """
         mode = check_upsample(upsample)
-        x = self._check_inputs(inputs)
-        cam, _ = self._explain(x, target)
+        x, kwargs, _ = self._call_args(inputs, additional_forward_args)
+        cam, _ = self._explain(x, target, **kwargs)
         if mode is not None:
-            cam = upsample_maps(cam, tuple(x.shape[-2:]), mode)
+            cam = upsample_maps(cam, tuple(as_tuple(x)[0].shape[-2:]), mode)
         return cam
 
     def __repr__(self) -> str:
@@ -303,7 +318,7 @@ class CAMAttribution(Attribution):
         raise NotImplementedError
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        act, targets, fold = self._record(x, target)
+        act, targets, fold = self._record(x, target, kwargs.get("forward_args"))
         (grads,) = batched_grad(targets.scores, [act], strategy=self.backward)
         n, k = grads.shape[:2]
         # CAM arithmetic in float32 whatever the autocast dtype of the forward pass
@@ -311,14 +326,18 @@ class CAMAttribution(Attribution):
         g = fold(grads.flatten(0, 1)).float().unflatten(0, (n, k))
         return _weighted_sum(self._weights(a, g), a), targets
 
-    def _record(self, x: Tensor, target: Any) -> tuple[Tensor, Targets, Callable[[Tensor], Tensor]]:
-        """One forward pass with the layer's output recorded.
+    def _record(
+        self, x: Tensor | tuple[Tensor, ...], target: Any, forward_args: ForwardArgs | None = None
+    ) -> tuple[Tensor, Targets, Callable[[Tensor], Tensor]]:
+        """One forward pass of the input (or tuple of inputs) with the layer's output recorded.
 
         Returns the layer's output A (still attached to the graph), the resolved targets, and ``fold``, which maps
         A-shaped tensors with any batch size M to (M, C, h, w) maps (identity for convolutional layers).
         """
+        xs = as_tuple(x)
+        fwd = forward_args or ForwardArgs((), xs[0].shape[0])
         if self._layer is None:
-            self._layer = choose_layer(self.model, x)
+            self._layer = choose_layer(self.model, xs, fwd)
         name, module = self._layer
         acts: list[Tensor] = []
         call = current_call()
@@ -341,8 +360,8 @@ class CAMAttribution(Attribution):
         # forwards, Guided Grad-CAM's guided pass).
         with HookManager(self.model) as layer_hooks:
             layer_hooks.forward(module, on_layer)
-            output = self.model(x.detach())
-        targets = resolve_targets(target, output, x.shape[0])
+            output = fwd(self.model, [t.detach() for t in xs])
+        targets = resolve_targets(target, output, xs[0].shape[0])
         if not acts:
             raise RuntimeError(f"layer {name!r} did not run in the forward pass; choose a layer the model uses")
         if len(acts) > 1:
@@ -516,6 +535,7 @@ class ScoreCAM(CAMAttribution):
     """
 
     eps = 1e-8
+    multi_input = False  # masks one image input
 
     def __init__(
         self, model: nn.Module, layer: str | nn.Module | None = None, *, batch_size: int = 64, **kwargs: Any
@@ -596,6 +616,7 @@ class GuidedGradCAM(GradCAM):
     """
 
     display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
+    multi_input = False  # one image input, like its guided pass
 
     def __init__(
         self,
