@@ -72,6 +72,29 @@ def test_conv1d_and_conv3d_models_take_their_rank(dims: int) -> None:
     assert grad.shape == x.shape and grad.abs().sum() > 0
 
 
+class Unflatten(Counted):
+    """Takes flat (N, 3 * 8 * 8) features and folds them into images before its convolution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.view(-1, 3, 8, 8))
+
+
+def test_flat_batches_and_tuples_are_not_held_to_the_first_convolution() -> None:
+    # a model that reshapes flat features into images, and a tuple (image, metadata): which tensor feeds the
+    # convolution, and in which layout, is the forward's business; the gradient is that of the folded image
+    flat = batch(2, 3 * 8 * 8)
+    want = hv.Saliency(Counted()).attribute(flat.view(2, 3, 8, 8), target=1)
+    got = hv.Saliency(Unflatten()).attribute(flat, target=1)
+    torch.testing.assert_close(got, want.view(2, -1))
+
+    class WithMeta(Counted):
+        def forward(self, x: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + meta.sum(dim=1, keepdim=True)
+
+    image_grad, meta_grad = hv.Saliency(WithMeta()).attribute((batch(2, 3, 8, 8), batch(2, 4)), target=1)
+    assert image_grad.shape == (2, 3, 8, 8) and torch.equal(meta_grad, torch.ones(2, 4))
+
+
 def test_a_model_without_convolution_gets_the_batch_axis_checks() -> None:
     mlp = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
     with pytest.raises(ValueError, match=r"inputs hold an empty batch \(N = 0\), shape \(0, 6\); expected N >= 1"):
