@@ -557,6 +557,6 @@ def _progress_bar(total: int, enabled: bool) -> Any:
         return None
     try:
         from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional (the [progress] extra): no bar without it
+    except ImportError:  # tqdm is a dependency, but a stripped environment may lack it: no bar then
         return None
     return tqdm(total=total, unit="img", desc="explain_dataset", dynamic_ncols=True)
