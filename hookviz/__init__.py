@@ -7,6 +7,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
@@ -14,6 +15,7 @@ from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
 from .methods import (
     METHODS,
+    RISE,
     Attribution,
     Deconvnet,
     GradCAM,
@@ -24,10 +26,12 @@ from .methods import (
     InputXGradient,
     IntegratedGradients,
     LayerCAM,
+    Occlusion,
     ReLUCoverage,
     Saliency,
     ScoreCAM,
     SmoothGrad,
+    VarGrad,
     XGradCAM,
     get_method,
 )
@@ -43,6 +47,7 @@ from .metrics import (
 )
 from .record import ActivationRecorder, GradientRecorder
 from .targets import Targets, batched_grad
+from .text import TokenExplanation
 
 try:
     __version__ = version("hookviz")
@@ -59,6 +64,7 @@ __all__ = [
     "Alarms",
     "Evaluation",
     "Explanation",
+    "ExplanationStore",
     "FlowReport",
     "FlowStats",
     "Deconvnet",
@@ -74,6 +80,8 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "LayerCAM",
+    "Occlusion",
+    "RISE",
     "ReLUCoverage",
     "HookError",
     "HookManager",
@@ -83,15 +91,19 @@ __all__ = [
     "ScoreCAM",
     "SmoothGrad",
     "Targets",
+    "TokenExplanation",
+    "VarGrad",
     "XGradCAM",
     "batched_grad",
     "deletion",
     "energy_in_mask",
     "evaluate",
+    "explain_dataset",
     "grid",
     "get_method",
     "hook_counts",
     "insertion",
+    "load_explanations",
     "load_images",
     "metrics",
     "pointing_game",

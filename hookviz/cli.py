@@ -1,4 +1,6 @@
-"""Command line: ``hookviz demo`` explains a sample image end to end; ``hookviz explain`` writes a grid figure.
+"""Command line: ``hookviz demo`` explains fresh shapes images with the embedded trained model; ``hookviz explain``
+writes a grid figure; ``hookviz explain-dataset`` stores the maps of a data set; ``hookviz evaluate`` prints a
+methods x metrics table.
 
 Mistakes on the command line (an unknown method or model, a missing file, a bad target) end with exit code 2 and
 one line on stderr, ``hookviz explain: error: ...``, never a traceback.
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import pickle
+import re
 import sys
 import zipfile
 from collections.abc import Sequence
@@ -35,11 +39,15 @@ models:
   torchvision:NAME --weights FILE.pt
                               a local state_dict loaded into the torchvision architecture (a different number of
                               classes in the final layer is taken from the file)
-  PATH.pt                     a whole model saved with torch.save(model), loaded with torch.load(weights_only=False):
-                              that runs pickle, which can execute arbitrary code, so only load files you trust; the
-                              model's class must be importable. A TorchScript file (torch.jit.save) is loaded with
-                              torch.jit.load; TorchScript modules take no hooks, so only the gradient methods work
-                              (saliency, input-x-gradient, integrated-gradients, smoothgrad).
+  PATH.pt                     a whole model saved with torch.save(model), loaded safely with
+                              torch.load(weights_only=True): no code from the file runs, so only models built from
+                              torch.nn and torchvision classes load (any torchvision model, nn.Sequential of nn
+                              layers); for a state_dict use --weights. A model of your own classes needs
+                              --trust-pickle: full unpickling, which can execute arbitrary code from the file, so only
+                              for files you trust (the classes must be importable). A TorchScript file
+                              (torch.jit.save) is loaded with torch.jit.load; TorchScript modules take no hooks, so
+                              only the gradient and perturbation methods work (saliency, input-x-gradient,
+                              integrated-gradients, smoothgrad, occlusion, rise).
   Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
   with the ImageNet mean and std.
 
@@ -50,6 +58,13 @@ example:
 
 class UsageError(Exception):
     """A mistake on the command line: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors (a bad ``--size``, a missing ``--model``) as one line, like hookviz's own."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 # ---------------------------------------------------------------------------------------------------- demo
@@ -72,12 +87,14 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 
 def _demo(args: argparse.Namespace) -> int:
     from . import GradCAM, GuidedBackprop, GuidedGradCAM
-    from .figures import grid, save_figure
+    from .figures import SAVE_FORMATS, grid, save_figure
     from .inputs import Preset
     from .methods import get_method
     from .metrics import pointing_game
     from .zoo import shapes, shapes_model
 
+    if Path(args.out).suffix.lower() not in SAVE_FORMATS:  # checked before the work, not after it
+        raise UsageError(f"--out: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; got {args.out!r}")
     if args.dpi <= 0:
         raise UsageError(f"--dpi: expected a positive number, got {args.dpi}")
     if args.pointing_images < 1:
@@ -283,7 +300,35 @@ def _is_torchscript(path: str) -> bool:
         return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
 
 
-def _file_model(path: str, device: str) -> nn.Module:
+def _safe_model_globals() -> list[Any]:
+    """What a whole pickled model may name under ``weights_only=True``: the module classes of torch.nn, torchvision
+    models and torchvision ops, and ``functools.partial`` (torchvision stores ``norm_layer=partial(nn.LayerNorm, ...)``;
+    unpickling a partial calls nothing, and its function must itself be allowed)."""
+    import functools
+    import importlib
+    import pkgutil
+
+    import torchvision
+
+    found: set[type] = set()
+    for package in (torch.nn.modules, torchvision.models, torchvision.ops):
+        names = [package.__name__] + [i.name for i in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+        for name in names:
+            try:
+                module = importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - an optional submodule that cannot import names nothing to allow
+                continue
+            for value in vars(module).values():
+                if (
+                    isinstance(value, type)
+                    and issubclass(value, nn.Module)
+                    and value.__module__.startswith(("torch.nn.", "torchvision."))
+                ):
+                    found.add(value)
+    return [functools.partial, *sorted(found, key=lambda c: f"{c.__module__}.{c.__qualname__}")]
+
+
+def _file_model(path: str, device: str, trust_pickle: bool = False) -> nn.Module:
     if not os.path.isfile(path):
         raise UsageError(
             f"--model: no such model file {path!r}; pass torchvision:NAME[:WEIGHTS] or the path of a .pt file"
@@ -291,9 +336,28 @@ def _file_model(path: str, device: str) -> nn.Module:
     try:
         if _is_torchscript(path):
             model = torch.jit.load(path, map_location=device)
-        else:
-            # a whole pickled model: pickle runs code from the file, which is why --help says to trust it
+        elif trust_pickle:
+            print(
+                f"hookviz: warning: --trust-pickle: unpickling {path!r} with torch.load(weights_only=False), "
+                "which runs any code the file contains",
+                file=sys.stderr,
+            )
             model = torch.load(path, map_location=device, weights_only=False)
+        else:
+            with torch.serialization.safe_globals(_safe_model_globals()):
+                model = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if trust_pickle:
+            raise UsageError(f"--model: cannot unpickle {path!r} ({exc})") from None
+        # torch's message spans many lines; the reason is on the line naming the global that is not allowed
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+        reason = next((line for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+        reason = reason.split(". Please use")[0].removeprefix("WeightsUnpickler error: ")
+        raise UsageError(
+            f"--model: {path!r} is not a model made of torch.nn / torchvision classes, so it cannot be loaded safely "
+            f"with torch.load(weights_only=True) ({reason}); if you trust the file, pass --trust-pickle (unpickling "
+            "can run any code in it)"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any failure to read the file is the user's to fix
         raise UsageError(
             f"--model: cannot load {path!r} ({type(exc).__name__}: {exc}); a pickled model's class must be importable"
@@ -309,6 +373,8 @@ def _file_model(path: str, device: str) -> nn.Module:
 
 def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
     spec = args.model
+    if args.trust_pickle and spec.startswith("torchvision:"):
+        raise UsageError("--trust-pickle applies to --model PATH.pt; torchvision models and --weights load safely")
     if spec.startswith("torchvision:"):
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not parts[1]:
@@ -319,7 +385,7 @@ def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
         return _torchvision_model(name, weights or args.weights, args.size)
     if args.weights is not None:
         raise UsageError("--weights applies to --model torchvision:NAME; a PATH.pt model carries its own weights")
-    model = _file_model(spec, args.device)
+    model = _file_model(spec, args.device, args.trust_pickle)
     return model, _preset(args.size or 224), None, ""
 
 
@@ -369,11 +435,133 @@ def _explain(args: argparse.Namespace) -> int:
         if "not supported on ScriptModules" in str(exc):
             raise UsageError(
                 f"{', '.join(methods)}: a TorchScript model takes no hooks; use saliency, input-x-gradient, "
-                "integrated-gradients or smoothgrad, or a pickled model (torch.save(model))"
+                "integrated-gradients, smoothgrad, occlusion or rise, or a pickled model (torch.save(model))"
             ) from None
         raise
     path = save_figure(fig, out)
     print(f"wrote {path.resolve()}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- explain-dataset
+
+EXPLAIN_DATASET_DESCRIPTION = """\
+Explain every image of a data set with one method and store the maps as resumable shards (safetensors) plus a
+manifest.json; read them back with hookviz.load_explanations(OUT).
+
+data:
+  DIR                         a folder of images, one class per sub-folder (torchvision ImageFolder); labels are the
+                              sub-folder indices in sorted order; images are resized and center-cropped to --size
+  shapes:N                    N images of the embedded shapes data set (hookviz.zoo.ShapesDataset(N, seed=--seed));
+                              --model defaults to the embedded shapes model (hookviz.zoo.shapes_model())
+
+--model takes the same forms as in 'hookviz explain'. A killed run continues where it stopped when run again with
+the same options; under torchrun every rank computes its own shards.
+
+example:
+  hookviz explain-dataset --data shapes:1000 --method gradcam --target label --out runs/gradcam
+"""
+
+
+class _FolderTransform:
+    """PIL image -> float (3, H, W) tensor through the model's preprocessing (picklable, for DataLoader workers)."""
+
+    def __init__(self, preprocess: Any) -> None:
+        self.preprocess = preprocess
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        from torchvision.transforms.functional import to_tensor
+
+        from .inputs import Preset
+
+        if isinstance(self.preprocess, Preset):
+            return self.preprocess.normalize(self.preprocess.geometry(to_tensor(image.convert("RGB"))))
+        return self.preprocess(image.convert("RGB"))
+
+
+def _shapes_zoo(what: str) -> Any:
+    from . import zoo
+
+    if not hasattr(zoo, what):
+        raise UsageError(f"--data shapes:N needs hookviz.zoo.{what}, which this hookviz version does not have")
+    return getattr(zoo, what)
+
+
+def _dataset_target(spec: str | None) -> Any:
+    if spec is None or spec == "top":
+        return None
+    if spec == "label":
+        return "label"
+    try:
+        value = int(spec)
+    except ValueError:
+        raise UsageError(f"--target: expected a class index, 'label' or 'top', got {spec!r}") from None
+    if value < 0:
+        raise UsageError(f"--target: class indices are >= 0, got {value}")
+    return value
+
+
+def _explain_dataset(args: argparse.Namespace) -> int:
+    import time
+
+    from .dataset import explain_dataset
+    from .methods import METHODS
+
+    if "," in args.method:
+        raise UsageError(f"--method: explain-dataset takes one method, got {args.method!r}")
+    (name,) = _parse_methods(args.method)
+    target = _dataset_target(args.target)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+    if args.data.startswith("shapes:"):
+        try:
+            n = int(args.data.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UsageError(f"--data: expected shapes:N with N >= 1 images, got {args.data!r}")
+        data = _shapes_zoo("ShapesDataset")(n, seed=args.seed)
+        if args.model is None:
+            model, note = _shapes_zoo("shapes_model")(), "the embedded shapes model"
+        else:
+            model, _, _, note = _load_model(args)
+    else:
+        from torchvision.datasets import ImageFolder
+
+        if not os.path.isdir(args.data):
+            raise UsageError(f"--data: {args.data!r} is not a directory (or shapes:N)")
+        if args.model is None:
+            raise UsageError("--model is required with a folder of images (it defaults only for --data shapes:N)")
+        model, preprocess, _, note = _load_model(args)
+        try:
+            data = ImageFolder(args.data, transform=_FolderTransform(preprocess))
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise UsageError(f"--data: {exc}") from None
+    if note.startswith("note:"):
+        print(note)
+    model = model.to(device).eval()
+    start = time.perf_counter()
+    store = explain_dataset(
+        METHODS[name](model),
+        data,
+        args.out,
+        target=target,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        dtype=args.dtype,
+        shard_size=args.shard_size,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    seconds = time.perf_counter() - start
+    shape = "x".join(map(str, store.manifest.get("map_shape", [])))
+    print(
+        f"hookviz explain-dataset: {len(store)} maps ({shape}, {args.dtype}) by {name} in {seconds:.1f} s "
+        f"({len(store) / max(seconds, 1e-9):.1f} img/s, resumed shards included), "
+        f"{len(store.manifest['shards'])} shards in {Path(args.out).resolve()}"
+    )
     return 0
 
 
@@ -582,7 +770,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hookviz", description="Interpretability for PyTorch, built on hooks.")
+    parser = _Parser(prog="hookviz", description="Interpretability for PyTorch, built on hooks.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
@@ -617,7 +805,13 @@ def _parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         metavar="torchvision:NAME[:WEIGHTS] | PATH.pt",
-        help="the model (see 'models' above); PATH.pt is unpickled: only load files you trust",
+        help="the model (see 'models' above); PATH.pt loads with torch.load(weights_only=True) unless --trust-pickle",
+    )
+    ex.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle --model PATH.pt fully (weights_only=False) for models of your own classes: this can execute "
+        "arbitrary code from the file, so only for files you trust",
     )
     ex.add_argument(
         "--method",
@@ -659,7 +853,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--title", default=None, help="a figure title")
     ex.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-
+    ds = sub.add_parser(
+        "explain-dataset",
+        help="explain a whole data set (a folder of images or shapes:N) into resumable shards",
+        description=EXPLAIN_DATASET_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ds.add_argument("--data", required=True, metavar="DIR | shapes:N", help="the images (see 'data' above)")
+    ds.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and manifest.json")
+    ds.add_argument("--method", required=True, metavar="M", help="one attribution method, e.g. gradcam")
+    ds.add_argument("--model", default=None, metavar="torchvision:NAME[:WEIGHTS] | PATH.pt", help="as in explain")
+    ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")
+    ds.add_argument("--trust-pickle", action="store_true", help="as in explain: full unpickling of --model PATH.pt")
+    ds.add_argument("--target", default=None, metavar="T", help="a class index, 'label' or 'top' (default: top)")
+    ds.add_argument("--size", type=int, default=None, metavar="S", help="image size for a folder (default: 224)")
+    ds.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: %(default)s)")
+    ds.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers (default: 0)")
+    ds.add_argument("--shard-size", type=int, default=1024, metavar="S", help="items per shard (default: 1024)")
+    ds.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16", help="of the maps")
+    ds.add_argument("--seed", type=int, default=0, help="seed of the shapes data set (default: 0)")
+    ds.add_argument("--overwrite", action="store_true", help="delete a run found in --out and start again")
+    ds.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ds.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     ev = sub.add_parser(
         "evaluate",
         help="a methods x metrics table (pointing game, energy in mask, deletion, insertion, sanity check) on fresh "
@@ -718,6 +933,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--sanity-figure", default=None, metavar="FIG", help="also draw the sanity-check curves there (.png, .pdf)"
     )
+    ev.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="as for hookviz explain: unpickle a whole-model PATH.pt (runs code from the file: only files you trust)",
+    )
     ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     return parser
 
@@ -726,13 +946,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookviz`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    commands = {"demo": _demo, "explain": _explain, "evaluate": _evaluate}
+    commands = {"demo": _demo, "explain": _explain, "explain-dataset": _explain_dataset, "evaluate": _evaluate}
     if args.command in commands:
         try:
             return commands[args.command](args)
         except UsageError as exc:
             message = str(exc)
-        except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
+        except (TypeError, ValueError, FileNotFoundError, IsADirectoryError) as exc:
             # hookviz's own checks (an out-of-range target, an unreadable image) already say what to fix
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         parser.exit(2, f"hookviz {args.command}: error: {message}\n")

@@ -8,16 +8,14 @@ Display options (``DISPLAY_KEYS``) come from the method's ``display_defaults`` a
 (``exp.figure(sign="positive", scale="shared")``) or for good (``exp.with_display(cmap="magma")``):
 ``reduce``, ``mode``, ``sign``, ``scale``, ``percentile`` (see `hookviz.display.normalize`), ``cmap``, ``alpha``,
 ``alpha_by_map`` (see `hookviz.display.overlay`), ``overlay`` (whether figures show the overlay column) and
-``max_rows`` (rows drawn by figures and HTML).
+``max_rows`` (rows drawn by figures and HTML). Their checks and fallbacks live in `hookviz.display_options`; the
+pixels that figures and HTML views draw are laid out by `hookviz.panels`.
 """
 
 from __future__ import annotations
 
-import base64
 import enum
-import html
 import io
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +28,8 @@ import torch
 from torch import Tensor
 
 from . import display as _display
+from . import panels as _panels
+from .display_options import _UNSET, DISPLAY_KEYS, _check_option, _check_overrides, _UnsetType, resolve_options
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,93 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DISPLAY_KEYS", "Explanation", "resolve_labels"]
 
-DISPLAY_KEYS = (
-    "reduce",
-    "mode",
-    "cmap",
-    "overlay",
-    "sign",
-    "scale",
-    "alpha",
-    "alpha_by_map",
-    "percentile",
-    "max_rows",
-)
-# what an option falls back to when neither the call nor the method's display defaults set it; "reduce" has no entry:
-# without one, maps keep their channels (and 1-channel views reduce with "max-abs"), and "percentile" None means
-# the mode's own default (hookviz.display.DEFAULT_PERCENTILE)
-_FALLBACKS: dict[str, Any] = {
-    "mode": "minmax",
-    "cmap": "jet",
-    "overlay": True,
-    "sign": "all",
-    "scale": "sample",
-    "alpha": 0.5,
-    "alpha_by_map": False,
-    "percentile": None,
-    "max_rows": 8,
-}
 SAVE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg", ".jpg": "jpg", ".jpeg": "jpg"}
-
-
-class _UnsetType:
-    """Sentinel type: "argument not given", distinct from an explicit None."""
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET = _UnsetType()
 
 
 def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool)
-
-
-def _check_option(key: str, value: Any, name: str) -> None:
-    """Check one display option; ``name`` is how the message calls it (``display['mode']`` or ``mode``).
-
-    None is accepted for every key: "use the default" (for ``reduce``: keep the channels).
-    """
-    if value is None:
-        return
-    choices = {
-        "reduce": _display.REDUCTIONS,
-        "mode": _display.NORMALIZATIONS,
-        "sign": _display.SIGNS,
-        "scale": _display.SCALES,
-    }
-    if key in choices:
-        if value not in choices[key]:
-            extra = " or None" if key == "reduce" else ""
-            raise ValueError(f"{name} must be one of {choices[key]}{extra}, got {value!r}")
-    elif key == "cmap":
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be the name of a matplotlib colour map (str), got {type(value).__name__}")
-    elif key in ("overlay", "alpha_by_map"):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    elif key == "alpha":
-        if not _is_number(value) or not 0 <= value <= 1:
-            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    elif key == "percentile":
-        if not _is_number(value) or not 0 < value <= 100:
-            raise ValueError(f"{name} must be a number in (0, 100] or None, got {value!r}")
-    elif key == "max_rows":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_overrides(options: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(set(options) - set(DISPLAY_KEYS))
-    if unknown:
-        raise TypeError(f"{where}() got unknown display option(s) {unknown}; expected among {DISPLAY_KEYS}")
-    for key, value in options.items():
-        _check_option(key, value, key)
 
 
 def resolve_labels(labels: Any) -> tuple[str, ...] | None:
@@ -164,27 +82,6 @@ def resolve_labels(labels: Any) -> tuple[str, ...] | None:
         if not isinstance(name, str):
             raise TypeError(f"{source} must hold class names (str); item {i} is {type(name).__name__}: {name!r}")
     return tuple(labels)
-
-
-def _png_data_uri(pixels: np.ndarray) -> str:
-    """(H, W, 3) uint8 -> ``data:image/png;base64,...``."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-_HTML_WIDTH = 192  # px per panel in the HTML view; small maps are scaled up without smoothing
-
-
-@dataclass
-class _Panels:
-    rows: list[tuple[int, int]]  # (sample, target) per drawn row
-    columns: list[tuple[str, np.ndarray]]  # (title, (n, K, H, W, 3) uint8)
-    scores: list[list[float]]
-    targets: list[list[int]] | None
-    total: int  # rows there would be without max_rows
 
 
 # eq=False: a generated __eq__ would compare tensors elementwise and fail on bool(); identity is the useful equality
@@ -324,13 +221,7 @@ class Explanation:
 
     def _options(self, where: str, **given: Any) -> dict[str, Any]:
         """Effective display options: the call's (not None / unset) over `display` over the fallbacks."""
-        given = {k: v for k, v in given.items() if not isinstance(v, _UnsetType) and (v is not None or k == "reduce")}
-        _check_overrides(given, where)
-        out = dict(_FALLBACKS)
-        out["reduce"] = self.display.get("reduce")
-        out.update({k: v for k, v in self.display.items() if v is not None})
-        out.update(given)
-        return out
+        return resolve_options(self.display, where, given)
 
     def with_display(self, **options: Any) -> Explanation:
         """A copy whose display defaults are overridden by ``options`` (keys among `DISPLAY_KEYS`); tensors shared.
@@ -442,61 +333,6 @@ class Explanation:
 
     # ---------------------------------------------------------------- pixels (cpu)
 
-    def _target_title(self, class_id: int | None) -> str:
-        if class_id is None:
-            return "custom target"
-        if self.labels is not None and 0 <= class_id < len(self.labels):
-            return str(self.labels[class_id])
-        return f"class {class_id}"
-
-    def _panels(self, where: str, options: dict[str, Any]) -> _Panels:
-        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
-        o = self._options(where, **options)
-        if len(self) == 0:
-            raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
-        k = self.num_targets
-        n_rows = min(o["max_rows"], len(self) * k)
-        n_samples = math.ceil(n_rows / k)
-        # only compute what is drawn; but shared statistics come from the whole batch, so the colours of a row do
-        # not depend on how many rows are drawn
-        src = self if o["scale"] == "shared" else self[:n_samples]
-        view = {key: o[key] for key in ("cmap", "mode", "reduce", "sign", "scale", "percentile")}
-
-        def with_k(t: Tensor) -> Tensor:
-            t = t[:n_samples]
-            return t if self.multi_target else t.unsqueeze(1)
-
-        def to_hwc(t: Tensor) -> np.ndarray:
-            # (N, K, 3, H, W) -> (N, K, H, W, 3) uint8 on the device, then one cpu transfer for the whole column
-            return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
-
-        images = self._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
-        columns = [("image", to_hwc(images)), (self.method, to_hwc(with_k(src.heatmap(**view))))]
-        if o["overlay"]:
-            over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
-            columns.append(("overlay", to_hwc(with_k(over))))
-        scores = self.scores[:n_samples].detach().float().cpu().tolist()
-        targets = None if self.targets is None else self.targets[:n_samples].detach().cpu().tolist()
-        rows = [divmod(r, k) for r in range(n_rows)]
-        return _Panels(rows=rows, columns=columns, scores=scores, targets=targets, total=len(self) * k)
-
-    def _draw(self, fig: Figure, panels: _Panels) -> None:
-        axes = fig.subplots(len(panels.rows), len(panels.columns), squeeze=False)
-        for r, (i, j) in enumerate(panels.rows):
-            target = self._target_title(None if panels.targets is None else panels.targets[i][j])
-            titles = [f"{target}  score {panels.scores[i][j]:.3g}"] + [name for name, _ in panels.columns[1:]]
-            for c, (_, pixels) in enumerate(panels.columns):
-                ax = axes[r, c]
-                ax.imshow(pixels[i, j], interpolation="nearest")
-                ax.set_title(titles[c], fontsize=9)
-                ax.set_xticks([])
-                ax.set_yticks([])
-        fig.tight_layout()
-
-    @staticmethod
-    def _figsize(panels: _Panels) -> tuple[float, float]:
-        return 2.6 * len(panels.columns), 2.6 * len(panels.rows)
-
     def figure(self, max_rows: int | None = None, **options: Any) -> Figure:
         """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
 
@@ -508,9 +344,9 @@ class Explanation:
         """
         from matplotlib.figure import Figure
 
-        panels = self._panels("figure", {"max_rows": max_rows, **options})
-        fig = Figure(figsize=self._figsize(panels))
-        self._draw(fig, panels)
+        panels = _panels.build(self, "figure", {"max_rows": max_rows, **options})
+        fig = Figure(figsize=_panels.figsize(panels))
+        _panels.draw(fig, self, panels)
         return fig
 
     def to_html(self, max_rows: int | None = None, **options: Any) -> str:
@@ -519,28 +355,7 @@ class Explanation:
         Each row names the sample, the target class (its label when `labels` has one, and the class id) and the
         score. Same options as `figure`; `_repr_html_` is ``to_html()`` with the display defaults.
         """
-        panels = self._panels("to_html", {"max_rows": max_rows, **options})
-        head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in panels.columns)
-        body = []
-        for i, j in panels.rows:
-            class_id = None if panels.targets is None else panels.targets[i][j]
-            target = self._target_title(class_id)
-            if class_id is not None and target != f"class {class_id}":
-                target += f" (class {class_id})"
-            sample = f"sample {i}" + (f", target {j}" if self.multi_target else "")
-            info = f"{sample}<br><b>{html.escape(target)}</b><br>score {panels.scores[i][j]:.4g}"
-            cells = "".join(
-                f'<td><img src="{_png_data_uri(pixels[i, j])}" alt="{html.escape(name)}" width="{_HTML_WIDTH}" '
-                'style="image-rendering: pixelated"></td>'
-                for name, pixels in panels.columns
-            )
-            body.append(f'<tr><td style="text-align: left">{info}</td>{cells}</tr>')
-        more = len(panels.rows) < panels.total
-        note = f"<div>showing {len(panels.rows)} of {panels.total} rows</div>" if more else ""
-        return (
-            f'<div class="hookviz-explanation"><div><code>{html.escape(repr(self))}</code></div>'
-            f"<table><tr><th></th>{head}</tr>{''.join(body)}</table>{note}</div>"
-        )
+        return _panels.html_table(self, _panels.build(self, "to_html", {"max_rows": max_rows, **options}))
 
     def _repr_html_(self) -> str:
         """Jupyter's rich view: `to_html` with the display defaults."""
@@ -564,15 +379,16 @@ class Explanation:
             return
         import matplotlib.pyplot as plt
 
-        panels = shown._panels("show", {})
-        fig = plt.figure(figsize=self._figsize(panels))
-        shown._draw(fig, panels)
+        panels = _panels.build(shown, "show", {})
+        fig = plt.figure(figsize=_panels.figsize(panels))
+        _panels.draw(fig, shown, panels)
         plt.show()
 
     def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
         """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path.
 
-        ``options`` are those of `figure` (``max_rows`` and the display options).
+        ``options`` are those of `figure` (``max_rows`` and the display options). Missing parent directories are
+        created, as `hookviz.save_figure` does.
         """
         path = Path(path)
         fmt = SAVE_FORMATS.get(path.suffix.lower())
@@ -583,7 +399,9 @@ class Explanation:
             )
         if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
             raise ValueError(f"dpi must be a positive number, got {dpi!r}")
-        self.figure(**options).savefig(path, format=fmt, dpi=dpi)
+        fig = self.figure(**options)  # options are checked before anything is written
+        path.parent.mkdir(parents=True, exist_ok=True)  # as save_figure does
+        fig.savefig(path, format=fmt, dpi=dpi)
         return path
 
     def _repr_png_(self) -> bytes:

@@ -16,6 +16,7 @@ Everything matplotlib-specific is set per figure under `matplotlib.rc_context` (
 
 from __future__ import annotations
 
+import difflib
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
     from torch import nn
+
+    from .methods.base import Attribution
 
 __all__ = ["PAPER_RC", "SCALES", "grid", "save_figure"]
 
@@ -146,15 +149,8 @@ def _check_labels(values: Any, n: int, what: str, allowed: tuple[int, ...] | Non
 # ---------------------------------------------------------------------------------------------------- explanations
 
 
-def _explain(
-    images: Any,
-    methods: Any,
-    model: nn.Module | None,
-    targets: Any,
-    labels: Sequence[str] | None,
-    preprocess: Any,
-) -> list[Explanation]:
-    """Run each method over the images: one Explanation per method."""
+def _resolve_methods(methods: Any, model: nn.Module | None) -> list[Attribution]:
+    """Every method as an `Attribution`, resolved (names looked up, classes built) before any of them runs."""
     from .methods.base import Attribution, get_method
 
     if methods is None:
@@ -166,23 +162,37 @@ def _explain(
         methods = [methods]
     if not isinstance(methods, Sequence) or not methods:
         raise ValueError(f"methods must be a non-empty list of method names or Attribution objects, got {methods!r}")
+    for m in methods:
+        if not (isinstance(m, (str, Attribution)) or (isinstance(m, type) and issubclass(m, Attribution))):
+            raise TypeError(
+                f"methods must hold registry names (str), Attribution instances or classes, got {type(m).__name__}"
+            )
+    for m in methods:
+        if isinstance(m, str):
+            get_method(m)  # an unknown name raises now, listing the registry
+    if model is None and any(not isinstance(m, Attribution) for m in methods):
+        m = next(m for m in methods if not isinstance(m, Attribution))
+        raise ValueError(f"method {m!r} needs model=: pass the nn.Module to explain")
     out = []
     for m in methods:
         if isinstance(m, Attribution):
-            method = m
+            out.append(m)
+        elif isinstance(m, str):
+            out.append(get_method(m)(model))
         else:
-            if model is None:
-                raise ValueError(f"method {m!r} needs model=: pass the nn.Module to explain")
-            if isinstance(m, str):
-                method = get_method(m)(model)
-            elif isinstance(m, type) and issubclass(m, Attribution):
-                method = m(model)
-            else:
-                raise TypeError(
-                    f"methods must hold registry names (str), Attribution instances or classes, got {type(m).__name__}"
-                )
-        out.append(method.visualize(images, targets, preprocess=preprocess, labels=labels))
+            out.append(m(model))
     return out
+
+
+def _explain(
+    images: Any,
+    methods: list[Attribution],
+    targets: Any,
+    labels: Sequence[str] | None,
+    preprocess: Any,
+) -> list[Explanation]:
+    """Run each (resolved) method over the images: one Explanation per method."""
+    return [method.visualize(images, targets, preprocess=preprocess, labels=labels) for method in methods]
 
 
 def _as_explanations(items: Any) -> list[Explanation] | None:
@@ -349,6 +359,61 @@ def _hwc(t: Tensor) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------- grid
 
 
+def _columns(
+    exps: list[Explanation],
+    *,
+    overlay: bool | str,
+    mode: str | None,
+    cmap: str | None,
+    sign: str | None,
+    alpha: float | None,
+) -> list[_Column]:
+    """One column per (Explanation, target): the grid's overrides over each method's display defaults."""
+    columns = []
+    for e in exps:
+        for k in range(e.num_targets):
+            maps = e.attribution[:, k] if e.multi_target else e.attribution
+            show_overlay = bool(e.display.get("overlay", False)) if overlay == "auto" else overlay
+            reduce = e.display.get("reduce")
+            channels = maps.shape[-3]
+            if reduce is None and (channels not in (1, 3) or (show_overlay and channels != 1)):
+                reduce = "max-abs"  # as Explanation.heatmap/overlay: no faithful way to show these channels
+            columns.append(
+                _Column(
+                    maps=maps.detach(),
+                    exp=e,
+                    k=k,
+                    mode=mode or e.display.get("mode") or "minmax",
+                    reduce=reduce,
+                    cmap=cmap or e.display.get("cmap") or "jet",
+                    overlay=show_overlay,
+                    sign=sign or e.display.get("sign") or "all",
+                    percentile=e.display.get("percentile") if mode is None else None,
+                    alpha=float(e.display.get("alpha", 0.5) if alpha is None else alpha),
+                    alpha_by_map=bool(e.display.get("alpha_by_map", False)),
+                )
+            )
+    for c in columns:
+        _display.colormap(torch.zeros(1, 1, 1), c.cmap)  # an unknown cmap raises now, naming close ones
+    return columns
+
+
+def _shown(columns: list[_Column], normed: list[Tensor], images: Tensor) -> list[tuple[np.ndarray, str | None]]:
+    """The pixels of each column, in torch on the maps' device, one cpu transfer per column: (N, H, W[, 3]), and
+    the cmap of scalar maps (None for RGB maps and overlays)."""
+    image_size = tuple(int(s) for s in images.shape[-2:])
+    shown: list[tuple[np.ndarray, str | None]] = []
+    for c, v in zip(columns, normed, strict=True):
+        if c.overlay:
+            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
+            shown.append((_hwc(over), None))
+        elif v.shape[-3] == 1:
+            shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
+        else:
+            shown.append((_hwc(_display.resize(v, image_size)), None))
+    return shown
+
+
 def grid(
     items: Any,
     methods: Any = None,
@@ -434,40 +499,26 @@ def grid(
     if labels is not None and (isinstance(labels, str) or not isinstance(labels, Sequence)):
         raise TypeError(f"labels must be a sequence of class names or torchvision weights, got {type(labels).__name__}")
 
+    # every option is checked before any method runs: a mistake costs no explanation
+    if isinstance(items, (list, tuple)) and not items:
+        raise ValueError(
+            "items is an empty list: pass Explanation objects (one per column), or images with methods= and model="
+        )
+    if cmap is not None:
+        _display.colormap(torch.zeros(1, 1, 1), cmap)  # an unknown cmap raises now, naming close ones
+    if rc is not None:
+        _check_rc(rc)
+    if out is not None:
+        _save_format(Path(out), "out")
     exps = _as_explanations(items)
     if exps is None:
-        exps = _explain(items, methods, model, targets, labels, preprocess)
+        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
     elif methods is not None or targets is not None:
         raise ValueError("methods= and targets= are for explaining images; items already holds Explanations")
     _check_same_images(exps)
     n = len(exps[0])
 
-    columns = []
-    for e in exps:
-        for k in range(e.num_targets):
-            maps = e.attribution[:, k] if e.multi_target else e.attribution
-            show_overlay = bool(e.display.get("overlay", False)) if overlay == "auto" else overlay
-            reduce = e.display.get("reduce")
-            channels = maps.shape[-3]
-            if reduce is None and (channels not in (1, 3) or (show_overlay and channels != 1)):
-                reduce = "max-abs"  # as Explanation.heatmap/overlay: no faithful way to show these channels
-            columns.append(
-                _Column(
-                    maps=maps.detach(),
-                    exp=e,
-                    k=k,
-                    mode=mode or e.display.get("mode") or "minmax",
-                    reduce=reduce,
-                    cmap=cmap or e.display.get("cmap") or "jet",
-                    overlay=show_overlay,
-                    sign=sign or e.display.get("sign") or "all",
-                    percentile=e.display.get("percentile") if mode is None else None,
-                    alpha=float(e.display.get("alpha", 0.5) if alpha is None else alpha),
-                    alpha_by_map=bool(e.display.get("alpha_by_map", False)),
-                )
-            )
-    for c in columns:
-        _display.colormap(torch.zeros(1, 1, 1), c.cmap)  # an unknown cmap raises now, naming close ones
+    columns = _columns(exps, overlay=overlay, mode=mode, cmap=cmap, sign=sign, alpha=alpha)
     default_rows, default_cols = _default_labels(columns, labels, n)
     rows_text = _check_labels(row_labels, n, "row_labels") or default_rows
     n_cols = len(columns) + int(show_input)
@@ -479,20 +530,9 @@ def grid(
     else:
         cols_text = (["Input"] if show_input else []) + cols_given
 
-    # pixels, in torch on the maps' device, one cpu transfer per column
-    image_size = tuple(int(s) for s in exps[0].images.shape[-2:])
     images = exps[0]._rgb_images()
     reduced = [_display.reduce_channels(c.maps, c.reduce) for c in columns]
-    normed = _normalize(columns, reduced, scale)
-    shown: list[tuple[np.ndarray, str | None]] = []  # (N, H, W[, 3]) pixels, and the cmap of scalar maps
-    for c, v in zip(columns, normed, strict=True):
-        if c.overlay:
-            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
-            shown.append((_hwc(over), None))
-        elif v.shape[-3] == 1:
-            shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
-        else:
-            shown.append((_hwc(_display.resize(v, image_size)), None))
+    shown = _shown(columns, _normalize(columns, reduced, scale), images)
     inputs = _hwc(images)
 
     rc_all = {**PAPER_RC, **(rc or {})}
@@ -544,6 +584,29 @@ def grid(
     return fig
 
 
+def _save_format(path: Path, name: str = "path") -> str:
+    fmt = SAVE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"{name} must end with one of {tuple(SAVE_FORMATS)} to choose the format, got {str(path)!r}")
+    return fmt
+
+
+def _check_rc(rc: Any) -> None:
+    import matplotlib
+
+    if not isinstance(rc, Mapping):
+        raise TypeError(f"rc must be a mapping of matplotlib rcParams, got {type(rc).__name__}")
+    unknown = [k for k in rc if k not in matplotlib.rcParams]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), list(matplotlib.rcParams), n=3)
+        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see matplotlib.rcParams.keys()"
+        raise ValueError(f"rc: {unknown[0]!r} is not a matplotlib rcParam; {hint}")
+    try:
+        matplotlib.RcParams(rc)  # validates every value the way rc_context would, without touching global state
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"rc: {exc}") from None
+
+
 def save_figure(fig: Figure, path: str | PathLike[str], *, dpi: float | None = None) -> Path:
     """Write ``fig`` to ``path``, the format from the suffix (.pdf, .svg, .png, .eps, .jpg); returns the Path.
 
@@ -553,11 +616,12 @@ def save_figure(fig: Figure, path: str | PathLike[str], *, dpi: float | None = N
     (no tight bounding box); ``dpi`` (default: the figure's) sets the PNG resolution and that of images in PDF/SVG.
     """
     from matplotlib import rc_context
+    from matplotlib.figure import Figure
 
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib Figure (e.g. from hookviz.grid), got {type(fig).__name__}")
     path = Path(path)
-    fmt = SAVE_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"path must end with one of {tuple(SAVE_FORMATS)} to choose the format, got {str(path)!r}")
+    fmt = _save_format(path)
     if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0):
         raise ValueError(f"dpi must be a positive number or None, got {dpi!r}")
     rc = {

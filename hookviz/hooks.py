@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Callable, Iterator
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeAlias
 
 from torch import Tensor, nn
@@ -65,10 +67,17 @@ def select_modules(model: nn.Module, selector: Selector) -> list[tuple[str, nn.M
         isinstance(selector, tuple) and selector and all(_is_module_type(t) for t in selector)
     ):
         matches = [(n, m) for n, m in named if isinstance(m, selector)]  # type: ignore[arg-type]
+    elif isinstance(selector, tuple) and not selector:
+        raise TypeError("selector () is an empty tuple; pass module classes such as nn.ReLU or (nn.Conv2d, nn.Linear)")
     elif isinstance(selector, type | tuple):
         raise TypeError(
             f"selector {_describe(selector)} is a class (or tuple) that is not an nn.Module subclass; "
             "pass module classes such as nn.ReLU or (nn.Conv2d, nn.Linear)"
+        )
+    elif isinstance(selector, list | set | frozenset):
+        raise TypeError(
+            f"selector got a {type(selector).__name__} {selector!r}; pass one selector per call, a tuple of module "
+            "classes, or a predicate such as lambda name, module: name in {'layer1', 'layer2'}"
         )
     elif callable(selector):
         matches = [(n, m) for n, m in named if selector(n, m)]
@@ -114,7 +123,8 @@ class HookManager:
 
     Footgun handled here: full backward hooks on a module that works in place (``nn.ReLU(inplace=True)``) make
     PyTorch raise an autograd error (pytorch#61519). The manager switches ``inplace`` off on such modules while its
-    hooks live and restores it on removal. When a hooked module's output is modified in place *later* (e.g.
+    hooks live and restores it on removal (when several managers hold one module's flag, on the removal of the last
+    of them, in whatever order they go). When a hooked module's output is modified in place *later* (e.g.
     ``F.relu(x, inplace=True)`` in the parent's forward), leaving the ``with`` block re-raises PyTorch's error as
     a `HookError` that names the hooked modules.
     """
@@ -124,8 +134,8 @@ class HookManager:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self._handles: list[RemovableHandle] = []
-        # (module, original inplace flag), restored in reverse order so nested managers unwind correctly
-        self._inplace_saved: list[tuple[nn.Module, bool]] = []
+        # modules whose inplace flag this manager switched off (or holds switched off with other managers)
+        self._inplace_saved: list[nn.Module] = []
         self._backward_names: list[str] = []
 
     # -- registration -------------------------------------------------------------------------------------------
@@ -216,8 +226,8 @@ class HookManager:
                 handle.remove()
         finally:
             self._handles.clear()
-            for module, flag in reversed(self._inplace_saved):
-                module.inplace = flag
+            for module in reversed(self._inplace_saved):
+                _release_inplace(module)
             self._inplace_saved.clear()
             self._backward_names.clear()
 
@@ -262,11 +272,18 @@ class HookManager:
             self._handles.extend(created)
         return created
 
+    def out_of_place(self, modules: Iterable[nn.Module]) -> None:
+        """Switch ``inplace`` off on those of `modules` that work in place, until this manager removes its hooks.
+
+        Several managers may hold the same module's flag: it comes back on when the last of them is removed, in any
+        order.
+        """
+        for module in modules:
+            if _hold_inplace(module):
+                self._inplace_saved.append(module)
+
     def _disable_inplace(self, modules: list[tuple[str, nn.Module]]) -> None:
-        for _, module in modules:
-            if getattr(module, "inplace", False) is True:
-                self._inplace_saved.append((module, True))
-                module.inplace = False
+        self.out_of_place(m for _, m in modules)
 
     @staticmethod
     def _named(fn: Callable[..., Any], name: str, with_name: bool) -> Callable[..., Any]:
@@ -277,6 +294,38 @@ class HookManager:
             return fn(name, *args, **kwargs)
 
         return hook
+
+
+# module -> [its original inplace flag, number of managers holding it off]. A flag is global state of the module, so
+# managers share one count: with a flag per manager, removing two managers out of LIFO order switched inplace back on
+# while the other's backward hook still lived, and PyTorch raised the pytorch#61519 error.
+_INPLACE_HOLDS: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+_INPLACE_LOCK = threading.Lock()
+
+
+def _hold_inplace(module: nn.Module) -> bool:
+    """Switch `module` out of place (if it works in place or is already held); whether a hold was taken."""
+    with _INPLACE_LOCK:
+        hold = _INPLACE_HOLDS.get(module)
+        if hold is not None:
+            hold[1] += 1
+            return True
+        if getattr(module, "inplace", False) is not True:
+            return False
+        _INPLACE_HOLDS[module] = [True, 1]
+        module.inplace = False
+        return True
+
+
+def _release_inplace(module: nn.Module) -> None:
+    with _INPLACE_LOCK:
+        hold = _INPLACE_HOLDS.get(module)
+        if hold is None:
+            return
+        hold[1] -= 1
+        if hold[1] == 0:
+            del _INPLACE_HOLDS[module]
+            module.inplace = hold[0]
 
 
 def hook_counts(model: nn.Module) -> dict[str, int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +41,12 @@ __all__ = [
     "Preprocess",
     "Preset",
     "check_channels",
+    "check_finite",
+    "check_model_inputs",
     "expected_channels",
     "load_images",
     "model_device",
+    "model_dtype",
 ]
 
 Preprocess = Callable[[Tensor], Tensor]
@@ -55,6 +59,8 @@ ImageLike = str | os.PathLike | Image.Image | np.ndarray | Tensor
 _LUMA = (0.299, 0.587, 0.114)
 _EPS = 1e-8
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# The batch layout each convolution takes (torch also accepts unbatched inputs, which would lose the batch axis).
+_CONV_LAYOUTS = {nn.Conv1d: "(N, C, L)", nn.Conv2d: "(N, C, H, W)", nn.Conv3d: "(N, C, D, H, W)"}
 
 
 def _float_tuple(values: Any, name: str) -> tuple[float, ...]:
@@ -263,6 +269,7 @@ def _check_tensor(x: Tensor, where: str) -> Tensor:
         )
     if x.numel() == 0:
         raise ValueError(f"{where}: got an empty tensor of shape {tuple(x.shape)}")
+    check_finite(x, where)
     return x if x.ndim == 4 else x[None]
 
 
@@ -289,8 +296,7 @@ def _pixels_from_array(arr: np.ndarray, where: str, allowed: tuple[int, ...] = (
         out = torch.from_numpy(np.array(arr, order="C", copy=True))
     elif arr.dtype == np.bool_ or arr.dtype.kind == "f":
         out = torch.from_numpy(arr.astype(np.float32, order="C"))
-        if not bool(torch.isfinite(out).all()):
-            raise ValueError(f"{where}: float numpy image contains NaN or inf")
+        check_finite(out, f"{where} (float numpy image)")
         lo, hi = out.min().item(), out.max().item()
         if lo < 0 or hi > 1:
             raise ValueError(
@@ -338,6 +344,19 @@ def _pixels_from_pil(im: Image.Image, where: str) -> Tensor:
     return _pixels_from_array(np.asarray(im), where, allowed=(1, 2, 3, 4))
 
 
+def _bomb_message(path: Path, exc: Exception, where: str) -> str:
+    """PIL refuses images of more than twice ``Image.MAX_IMAGE_PIXELS`` pixels (a decompression bomb guard)."""
+    found = re.search(r"\((\d+) pixels\)", str(exc))  # PIL: "Image size (N pixels) exceeds limit of M pixels, ..."
+    pixels = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+    limit = Image.MAX_IMAGE_PIXELS
+    allowed = f"{2 * limit:,} (twice PIL.Image.MAX_IMAGE_PIXELS = {limit:,})" if limit else "PIL's limit"
+    return (
+        f"{where}: {str(path)!r} has {pixels}, more than {allowed}, so PIL refuses to open it as a possible "
+        "decompression bomb; if you trust the file, raise the limit before loading, e.g. "
+        "PIL.Image.MAX_IMAGE_PIXELS = 10 * PIL.Image.MAX_IMAGE_PIXELS (None switches the check off)"
+    )
+
+
 def _pixels_from_path(path: Path, where: str) -> Tensor:
     if path.is_dir():
         raise IsADirectoryError(f"{where}: {str(path)!r} is a directory; pass the path of an image file")
@@ -347,6 +366,8 @@ def _pixels_from_path(path: Path, where: str) -> Tensor:
         im = Image.open(path)
     except UnidentifiedImageError as exc:
         raise ValueError(f"{where}: {str(path)!r} is not an image file PIL can read") from exc
+    except Image.DecompressionBombError as exc:
+        raise ValueError(_bomb_message(path, exc, where)) from exc
     with im:
         try:
             im.load()
@@ -546,13 +567,16 @@ def expected_channels(model: nn.Module) -> int | None:
     return None if found is None else found[1].in_channels or None
 
 
-def check_channels(model: nn.Module, x: Tensor) -> None:
-    """Raise ValueError if ``x.shape[1]`` (x: (N, C, ...)) differs from :func:`expected_channels` when that is known."""
+def check_channels(model: nn.Module, x: Tensor, where: str = "x") -> None:
+    """Raise ValueError if ``x.shape[1]`` (x: (N, C, ...)) differs from :func:`expected_channels` when that is known.
+
+    `where` names `x` in the messages.
+    """
     _check_module(model)
     if not isinstance(x, Tensor):
-        raise TypeError(f"x: expected a tensor (N, C, ...), got {type(x).__name__}")
+        raise TypeError(f"{where}: expected a tensor (N, C, ...), got {type(x).__name__}")
     if x.ndim < 2:
-        raise ValueError(f"x: expected a tensor (N, C, ...) with a channel axis, got shape {tuple(x.shape)}")
+        raise ValueError(f"{where}: expected a tensor (N, C, ...) with a channel axis, got shape {tuple(x.shape)}")
     found = _first_conv(model)
     expected = None if found is None else found[1].in_channels or None
     got = x.shape[1]
@@ -568,6 +592,86 @@ def check_channels(model: nn.Module, x: Tensor) -> None:
     else:
         hint = f"build a {expected}-channel tensor yourself (load_images passes tensors through unchanged)"
     raise ValueError(
-        f"x has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
+        f"{where} has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
         f"{name or '<model>'!r} ({conv}) expects {expected}; {hint}"
     )
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """dtype of the model's first floating-point parameter, else its first floating-point buffer; None if none."""
+    _check_module(model)
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def check_finite(t: Tensor, name: str) -> None:
+    """Raise ValueError if `t` holds NaN or +-Inf, naming `name` and how many: they give meaningless maps silently.
+
+    Costs one reduction and one device sync per call (not per sample).
+    """
+    bad = int((~torch.isfinite(t)).sum()) if t.is_floating_point() or t.is_complex() else 0
+    if bad:
+        raise ValueError(
+            f"{name}: found {bad} non-finite value(s) (NaN or Inf) among {t.numel()}; expected finite values (maps "
+            f"computed through them are meaningless); replace them first, e.g. with torch.nan_to_num"
+        )
+
+
+def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs", *, conv_check: bool = True) -> Tensor:
+    """Check a batch `x` (N, ...) against `model` before any work and return it ready for the model.
+
+    Refused, with a message naming `where`, what came and what is expected: non-tensors (`TypeError`), tensors
+    without a batch axis or with N = 0, a rank other than the first convolution's (``nn.Conv1d``: 3-D (N, C, L),
+    ``nn.Conv2d``: 4-D (N, C, H, W), ``nn.Conv3d``: 5-D (N, C, D, H, W)), a channel count other than its
+    ``in_channels``, non-float dtypes, sparse and meta tensors (`TypeError`/`ValueError`), NaN or Inf values. The
+    first convolution is the first in ``model.modules()`` order: a model whose forward reshapes its input before
+    that convolution (e.g. folds (N, T, C, H, W) into (N * T, C, H, W)) must get the reshaped batch; a flat (N, F)
+    batch is passed on unchecked against it (models that reshape features into an image), and so is every tensor
+    with ``conv_check=False`` (the tensors of a tuple of inputs: which one feeds the convolution is unknown).
+
+    Convention: the result is cast to the model's floating-point parameter dtype (`model_dtype`; unchanged for a model
+    without parameters or buffers) and moved to its device; `visualize` goes through the same cast after
+    `load_images`: a float64 batch on a float32 model is explained in float32, the precision the model computes in,
+    and a float64 model gets float64 inputs. A tensor created under
+    ``torch.inference_mode()`` is copied into a normal tensor (inference tensors cannot take part in autograd).
+    The caller's tensor is never modified.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"{where}: attribute() takes a batch tensor (N, ...), got {type(x).__name__}; use visualize() for paths, "
+            "PIL images and numpy arrays, or hookviz.load_images(...).tensor"
+        )
+    if x.dim() < 2:
+        raise ValueError(f"{where} need a batch axis first, (N, ...); got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{where} must be a floating-point tensor, got {x.dtype}; convert with x.float() / 255")
+    if x.layout != torch.strided:
+        raise TypeError(f"{where} must be a dense tensor, got layout {x.layout}; convert with x.to_dense()")
+    if x.is_meta:
+        raise ValueError(f"{where} are on the meta device (shapes without data); pass a tensor that holds values")
+    if x.shape[0] == 0:
+        raise ValueError(f"{where} hold an empty batch (N = 0), shape {tuple(x.shape)}; expected N >= 1")
+    found = _first_conv(model) if conv_check and x.dim() != 2 else None
+    if found is not None:
+        name, conv = found
+        layout = next(v for k, v in _CONV_LAYOUTS.items() if isinstance(conv, k))
+        rank = layout.count(",") + 1
+        if x.dim() != rank:
+            hint = (
+                "add the batch axis with x.unsqueeze(0) (or pass the image to visualize())"
+                if x.dim() == rank - 1
+                else f"give one {rank}-D batch"
+            )
+            raise ValueError(
+                f"{where} have shape {tuple(x.shape)} ({x.dim()}-D) but the model's first convolution "
+                f"{name or '<model>'!r} ({type(conv).__name__}) takes {rank}-D batches {layout}; {hint}"
+            )
+        check_channels(model, x, where)
+    check_finite(x, where)
+    dtype = model_dtype(model) or x.dtype
+    out = x.to(device=model_device(model), dtype=dtype)
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        out = out.clone()  # a clone made outside inference_mode is a normal tensor
+    return out

@@ -7,6 +7,8 @@ A target spec is one of:
 - a sequence or 1-D tensor of N ints: one class per input;
 - an (N, K) integer tensor (or nested sequence): K classes per input; results gain a K axis after N, computed from
   one forward pass with the K backward seeds batched;
+- numpy integer scalars and arrays wherever ints and tensors are (``np.int64(3)``, ``np.array([3, 7])``,
+  ``np.array([[1, 2], [3, 4]])``); numpy float arrays are refused, like float tensors;
 - a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
   output is not a class vector (segmentation maps, dicts, detection heads).
 """
@@ -17,11 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+import numpy as np
 import torch
 from torch import Tensor
 
 TargetFn: TypeAlias = Callable[[Any], Tensor]
-TargetSpec: TypeAlias = "int | Sequence[int] | Sequence[Sequence[int]] | Tensor | TargetFn | None"
+TargetSpec: TypeAlias = (
+    "int | np.integer | Sequence[int] | Sequence[Sequence[int]] | Tensor | np.ndarray | TargetFn | None"
+)
 BackwardStrategy: TypeAlias = Literal["auto", "vmap", "loop"]
 
 
@@ -55,6 +60,15 @@ def check_target(target: object, n: int) -> TargetPlan:
         return TargetPlan(None, None, False)
     if callable(target) and not isinstance(target, Tensor):
         return TargetPlan(None, target, False)  # type: ignore[arg-type]
+    if isinstance(target, np.generic | np.ndarray):
+        # numpy ints are class indices like Python ints; np.float64 subclasses float, so it must be caught here
+        if np.asarray(target).dtype.kind not in "iu":
+            kind = "scalar" if isinstance(target, np.generic) else f"array of shape {np.shape(target)}"
+            raise TypeError(
+                f"target must hold integer class indices; got a numpy {np.asarray(target).dtype} {kind}; convert "
+                "it with .astype(np.int64) if it holds whole numbers"
+            )
+        target = int(target) if isinstance(target, np.generic) else torch.from_numpy(np.asarray(target, np.int64))
     if isinstance(target, bool):
         raise TypeError("target must be an int class index, not a bool")
     if isinstance(target, int):
@@ -128,7 +142,11 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
     try:
         scores = fn(output)
     except Exception as exc:
-        raise RuntimeError(f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output") from exc
+        got = f"a tensor of shape {tuple(output.shape)}" if isinstance(output, Tensor) else type(output).__name__
+        raise RuntimeError(
+            f"the target callable {getattr(fn, '__name__', fn)!r} failed on the model output ({got}) with "
+            f"{type(exc).__name__}: {exc}; it must map the output to (N,) or (N, K) scores"
+        ) from exc
     if not isinstance(scores, Tensor) or scores.dim() not in (1, 2) or scores.shape[0] != n:
         got = f"shape {tuple(scores.shape)}" if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(
@@ -141,29 +159,47 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
     return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
 
 
-def batched_grad(scores: Tensor, inputs: Sequence[Tensor], *, strategy: BackwardStrategy = "auto") -> list[Tensor]:
+VMAP_CHUNK = 16  # seeds per vectorized backward pass: its memory grows with the chunk, not with K
+
+
+def auto_strategy(device: torch.device) -> Literal["vmap", "loop"]:
+    """What ``backward="auto"`` runs for K > 1 targets on `device`: the loop on the CPU, vmap on accelerators.
+
+    Measured (torchvision models, weights=None, N=1, K=10, 224x224, 2 CPU cores, median ms): resnet18 loop 344 vs
+    vmap 379, vgg11 1346 vs 1414 (quiet machine); resnet18 Saliency loop 12335 vs vmap 25703 on the same 2 cores
+    heavily loaded (``benchmarks/bench_targets.py``). On the CPU a vectorized backward pass runs the same FLOPs as K
+    passes plus the batching rules' overhead, so the loop wins. On a GPU one pass over K seeds launches one set of
+    kernels instead of K, which is why vmap is the default there (not measured in this project yet: rerun
+    ``benchmarks/bench_targets.py --device cuda``).
+    """
+    return "loop" if device.type == "cpu" else "vmap"
+
+
+def batched_grad(
+    scores: Tensor, inputs: Sequence[Tensor], *, strategy: BackwardStrategy = "auto", chunk: int = VMAP_CHUNK
+) -> list[Tensor]:
     """Gradients of each column of `scores` (N, K) w.r.t. each of `inputs`, as (N, K, *input.shape[1:]) tensors.
 
     Inputs of the N samples must be independent (no batch statistics: the model is in eval mode), so the gradient of
-    the column sum gives every sample's gradient at once. With K > 1 the K seeds are batched: ``"vmap"`` runs one
-    vectorized backward pass (`torch.autograd.grad(..., is_grads_batched=True)`), ``"loop"`` runs K backward passes
-    over the retained graph. ``"auto"`` uses vmap and falls back to the loop for operations vmap cannot batch.
+    the column sum gives every sample's gradient at once. With K > 1 the K seeds are batched: ``"vmap"`` runs
+    vectorized backward passes (`torch.autograd.grad(..., is_grads_batched=True)`) over at most `chunk` seeds at a
+    time, which bounds the memory; ``"loop"`` runs K backward passes over the retained graph. ``"auto"`` picks the
+    faster one for the device (`auto_strategy`: the loop on the CPU, vmap on GPUs) and falls back to the loop for
+    operations vmap cannot batch.
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be (N, K), got shape {tuple(scores.shape)}")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1 (seeds per vectorized backward pass), got {chunk!r}")
     n, k = scores.shape
     try:
         if k == 1:
             grads = torch.autograd.grad(scores.sum(), inputs)
             return [g.unsqueeze(1) for g in grads]
-        if strategy in ("auto", "vmap"):
-            seeds = torch.eye(k, dtype=scores.dtype, device=scores.device).unsqueeze(1).expand(k, n, k)
+        how = auto_strategy(scores.device) if strategy == "auto" else strategy
+        if how == "vmap":
             try:
-                # retain the graph under "auto" so a failed vmap attempt can fall back to the loop
-                grads = torch.autograd.grad(
-                    scores, inputs, grad_outputs=seeds, is_grads_batched=True, retain_graph=strategy == "auto"
-                )
-                return [g.movedim(0, 1) for g in grads]
+                return _vmap_grad(scores, inputs, chunk, fallback=strategy == "auto")
             except (RuntimeError, NotImplementedError):
                 if strategy == "vmap":
                     raise
@@ -176,3 +212,21 @@ def batched_grad(scores: Tensor, inputs: Sequence[Tensor], *, strategy: Backward
                 "forward pass? does the callable target use the model output?)"
             ) from exc
         raise
+
+
+def _vmap_grad(scores: Tensor, inputs: Sequence[Tensor], chunk: int, fallback: bool) -> list[Tensor]:
+    """Vectorized backward passes over chunks of the K one-hot seeds; (N, K, ...) per input."""
+    n, k = scores.shape
+    eye = torch.eye(k, dtype=scores.dtype, device=scores.device)
+    parts: list[tuple[Tensor, ...]] = []
+    for c in range(0, k, chunk):
+        seeds = eye[c : c + chunk].unsqueeze(1).expand(-1, n, k)
+        # the graph is kept for the next chunk, and under "auto" also after the last, so a failed attempt can fall
+        # back to the loop
+        last = c + chunk >= k
+        parts.append(
+            torch.autograd.grad(
+                scores, inputs, grad_outputs=seeds, is_grads_batched=True, retain_graph=fallback or not last
+            )
+        )
+    return [torch.cat([p[i] for p in parts]).movedim(0, 1) for i in range(len(inputs))]

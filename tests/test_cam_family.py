@@ -202,6 +202,49 @@ def test_guided_gradcam_matches_captum(arch: str, layer: str, size: int) -> None
     assert rel_l2(ours, reference) < 1e-4
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning:captum.*")
+def test_upsample_nearest_matches_captum_defaults() -> None:
+    torch.manual_seed(0)
+    model = models.resnet18(weights=None, num_classes=10).eval()
+    x, target = image_batch(size=64), torch.tensor([1, 6])
+    gg = GuidedGradCAM(model, layer="layer4", upsample="nearest").attribute(x, target=target)
+    cam = GradCAM(model, layer="layer3").attribute(x, target=target, upsample="nearest")
+    for m in model.modules():  # captum's module backward hooks need out-of-place ReLUs
+        if isinstance(m, nn.ReLU):
+            m.inplace = False
+    theirs = captum_attr.GuidedGradCam(model, model.layer4).attribute(x.clone(), target=target)  # "nearest"
+    assert gg.shape == theirs.shape == x.shape and theirs.abs().sum() > 0
+    assert rel_l2(gg, theirs) < 1e-4
+    layer_cam = captum_attr.LayerGradCam(model, model.layer3).attribute(x.clone(), target, relu_attributions=True)
+    theirs = captum_attr.LayerAttribution.interpolate(layer_cam, (64, 64))
+    assert cam.shape == theirs.shape == (2, 1, 64, 64) and theirs.abs().sum() > 0
+    assert rel_l2(cam, theirs) < 1e-4
+
+
+def test_upsample_modes() -> None:
+    model, x = TinyCNN(), image_batch(n=2, size=16)
+    cam = GradCAM(model, layer="act")
+    small = cam.attribute(x, target=1)
+    for mode in ("nearest", "bilinear", "bicubic"):
+        kwargs = {} if mode == "nearest" else {"align_corners": False}
+        expected = F.interpolate(small, size=(16, 16), mode=mode, **kwargs)
+        torch.testing.assert_close(cam.attribute(x, target=1, upsample=mode), expected)
+    torch.testing.assert_close(cam.attribute(x, target=1, upsample=True), cam.attribute(x, 1, upsample="bilinear"))
+    nearest = cam.attribute(x, target=1, upsample="nearest")  # 8x8 -> 16x16: every cell repeated 2x2
+    torch.testing.assert_close(nearest, small.repeat_interleave(2, -1).repeat_interleave(2, -2))
+    default = GuidedGradCAM(model, layer="act").attribute(x, target=1)
+    torch.testing.assert_close(GuidedGradCAM(model, layer="act", upsample=True).attribute(x, target=1), default)
+    near = GuidedGradCAM(model, layer="act", upsample="nearest").attribute(x, target=1)
+    guided = hv.GuidedBackprop(model).attribute(x, target=1)
+    torch.testing.assert_close(near, guided * nearest)
+    with pytest.raises(ValueError, match=r"upsample must be False, True \(bilinear\) or one of 'bilinear', 'near"):
+        cam.attribute(x, target=1, upsample="linear")
+    with pytest.raises(ValueError, match=r"upsample must be True \(bilinear\) or one of .*; got False"):
+        GuidedGradCAM(model, layer="act", upsample=False)
+    with pytest.raises(ValueError, match=r"upsample must be .*got 'area'"):
+        GuidedGradCAM(model, layer="act", upsample="area")
+
+
 # -- several targets per input -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [*ALL_CAMS, GuidedGradCAM], ids=lambda c: c.key)
 def test_nk_targets_equal_k_separate_calls(cls) -> None:

@@ -53,6 +53,9 @@ def test_demo_on_an_image_file(tmp_path, capsys, grids) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("hookviz demo: error: no such image file") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--out", str(tmp_path / "demo.gif")])  # refused before any work
+    assert exc.value.code == 2 and "--out: the suffix chooses the format" in capsys.readouterr().err
 
 
 def test_cli_requires_a_command(capsys) -> None:
@@ -183,6 +186,17 @@ def test_explain_torchscript_model(images, tmp_path, capsys) -> None:
     assert "TorchScript" in err and "saliency" in err
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit is deprecated in favour of torch.export
+def test_explain_perturbation_methods_through_the_registry(images, tmp_path, grids) -> None:
+    path = tmp_path / "scripted.pt"  # forward passes only: a TorchScript model works too
+    torch.jit.save(torch.jit.trace(small_cnn(), torch.randn(1, 3, 32, 32)), str(path))
+    out = tmp_path / "fig.png"
+    args = ["--model", str(path), "--method", "occlusion,rise", "--size", "32", "--out", str(out)]
+    assert explain(images[0], *args) == 0
+    ((fig, _),) = grids
+    assert titles(fig, 3) == ["Input", "Occlusion", "RISE"]
+
+
 def test_explain_state_dict_weights_with_another_number_of_classes(images, tmp_path, grids) -> None:
     from torchvision import models
 
@@ -259,8 +273,91 @@ def test_explain_help_warns_about_pickle(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["explain", "--help"])
     assert exc.value.code == 0
-    text = capsys.readouterr().out
-    assert "only load files you trust" in text and "torchvision:NAME[:WEIGHTS]" in text
+    text = " ".join(capsys.readouterr().out.split())
+    assert "torch.load(weights_only=True)" in text and "torchvision:NAME[:WEIGHTS]" in text
+    assert "--trust-pickle" in text and "arbitrary code" in text and "only for files you trust" in text
+
+
+class _Payload:
+    """Unpickles by running code: writes a marker file, then returns a working model (what an attacker would ship)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        code = (
+            f"[__import__('pathlib').Path({self.marker!r}).write_text('pwned'), __import__('torch').nn.Sequential("
+            "__import__('torch').nn.Conv2d(3, 4, 3), __import__('torch').nn.ReLU(), "
+            "__import__('torch').nn.AdaptiveAvgPool2d(1), __import__('torch').nn.Flatten(), "
+            "__import__('torch').nn.Linear(4, 3))][1]"
+        )
+        return (eval, (code,))
+
+
+def test_explain_crafted_pickle_runs_no_code_without_trust_pickle(images, tmp_path, capsys) -> None:
+    marker = tmp_path / "marker.txt"
+    path = tmp_path / "evil.pt"
+    torch.save(_Payload(str(marker)), path)
+    out = tmp_path / "fig.png"
+    err = fail(capsys, images[0], "--model", str(path), "--method", "gradcam", "--size", "32", "--out", str(out))
+    assert not marker.exists()  # nothing from the file ran
+    assert "--trust-pickle" in err and "weights_only=True" in err and "GLOBAL eval" in err
+    assert not out.exists()
+
+    # the explicit opt-in unpickles it (and so runs its code), with a warning
+    assert explain(images[0], "--model", str(path), "--trust-pickle", "--method", "gradcam", "--size", "32",
+                   "--out", str(out)) == 0  # fmt: skip
+    assert marker.read_text() == "pwned" and out.exists()
+    err = capsys.readouterr().err
+    assert "warning: --trust-pickle" in err and "weights_only=False" in err and "runs any code" in err
+
+
+class _OwnNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = small_cnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_explain_models_of_torch_and_torchvision_classes_load_safely(images, tmp_path, capsys) -> None:
+    from torchvision import models
+
+    out = tmp_path / "fig.png"
+    path = tmp_path / "mobilenet.pt"
+    torch.manual_seed(0)
+    torch.save(models.mobilenet_v3_small(weights=None, num_classes=4), path)
+    assert explain(images[0], "--model", str(path), "--method", "saliency", "--size", "32", "--out", str(out)) == 0
+    assert "warning" not in capsys.readouterr().err
+    # a class of the user's own: refused by default, loaded with the flag
+    own = tmp_path / "own.pt"
+    torch.save(_OwnNet(), own)
+    err = fail(capsys, images[0], "--model", str(own), "--method", "gradcam", "--size", "32", "--out", str(out))
+    assert "_OwnNet" in err and "--trust-pickle" in err
+    assert explain(images[0], "--model", str(own), "--trust-pickle", "--method", "gradcam", "--size", "32",
+                   "--out", str(out)) == 0  # fmt: skip
+    assert "warning: --trust-pickle" in capsys.readouterr().err
+    err = fail(capsys, images[0], "--model", "torchvision:resnet18", "--trust-pickle", "--method", "gradcam")
+    assert "--trust-pickle applies to --model PATH.pt" in err
+
+
+def test_every_torch_load_in_the_library_is_weights_only() -> None:
+    import ast
+    from pathlib import Path
+
+    import hookviz
+
+    root = Path(hookviz.__file__).parent
+    calls = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+                kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
+                calls.append((str(f.relative_to(root)), kw.get("weights_only")))
+    assert ("cli.py", "True") in calls  # the CLI loads files
+    # the one full unpickling is the CLI's --trust-pickle branch
+    assert [c for c in calls if c[1] != "True"] == [("cli.py", "False")]
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import nn
 
-import hookviz.flow as flow_module
+import hookviz.flow.kernels as flow_module
 from hookviz import hook_counts
 from hookviz.flow import Alarm, Alarms, FlowReport, GradientFlow, GradientFlowError, GradientFlowWarning
 

@@ -506,7 +506,7 @@ def test_cuda_device(rgb_array: np.ndarray) -> None:
         ),
         (np.full((4, 4), 255.0), {}, ValueError, r"found values in \[255, 255\]; divide by 255 .* or pass a tensor"),
         (np.full((4, 4), -0.5), {}, ValueError, r"float numpy images must lie in \[0, 1\], found .*-0\.5"),
-        (np.full((4, 4), np.nan), {}, ValueError, r"float numpy image contains NaN or inf"),
+        (np.full((4, 4), np.nan), {}, ValueError, r"image\): found 16 non-finite value\(s\) \(NaN or Inf\)"),
         (np.zeros((3, 32, 40), np.uint8), {}, ValueError, r"looks CxHxW; pass arr\.transpose\(1, 2, 0\)"),
         (np.zeros((32, 40, 5), np.uint8), {}, ValueError, r"HxW or HxWxC with C in \(1, 3, 4\), got shape"),
         (np.zeros((2, 32, 40, 3), np.uint8), {}, ValueError, r"for a batch pass a list of arrays"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cheap import cheap_method
 from torch import nn
 from torchvision import models
 
@@ -11,7 +12,18 @@ import hookviz as hv
 from hookviz import hook_counts
 
 # every registered method, so a new method is covered without editing this file
-BUILDERS = {name: (lambda m, cls=cls: cls(m)) for name, cls in hv.METHODS.items()}
+BUILDERS = {name: (lambda m, name=name: cheap_method(name, m)) for name in hv.METHODS}
+# options that change what runs: layer attribution, noise over other methods
+BUILDERS.update(
+    {
+        "saliency[layer]": lambda m: hv.Saliency(m, layer="layer2"),
+        "input-x-gradient[layer_input]": lambda m: hv.InputXGradient(m, layer="layer3", layer_input=True),
+        "integrated-gradients[layer]": lambda m: hv.IntegratedGradients(m, steps=4, layer="layer2", batch_size=3),
+        "smoothgrad[integrated-gradients]": lambda m: hv.SmoothGrad(hv.IntegratedGradients(m, steps=2), n=2),
+        "vargrad[gradcam]": lambda m: hv.VarGrad(hv.GradCAM(m, layer="layer3"), n=2, batch_size=3),
+        "vargrad[guided-backprop]": lambda m: hv.VarGrad(hv.GuidedBackprop(m), n=2),
+    }
+)
 
 
 def snapshot(model: nn.Module) -> dict:
@@ -98,4 +110,37 @@ def test_train_mode_option_restores_batchnorm_statistics() -> None:
     before = snapshot(model)
     cam = hv.GradCAM(model, layer="layer3", eval_mode=False)
     cam.attribute(torch.randn(2, 3, 32, 32), target=[0, 1])
+    assert_same(before, model)
+
+
+class _TwoInputs(nn.Module):
+    """The mid-training resnet on an image, plus a metadata input and a per-sample extra forward argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mid_training_resnet()
+        self.meta = nn.Linear(3, 10)
+
+    def forward(self, x: torch.Tensor, meta: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        return self.net(x) + self.meta(meta) * gain[:, None]
+
+
+MULTI = sorted(name for name, cls in hv.METHODS.items() if cls.multi_input)
+
+
+@pytest.mark.parametrize("name", MULTI)
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "raises"])
+@pytest.mark.filterwarnings("ignore:IntegratedGradients. attributions:UserWarning")
+def test_model_restored_with_several_inputs_and_extra_args(name: str, fail: bool) -> None:
+    model = _TwoInputs()
+    before = snapshot(model)
+    inputs = (torch.randn(2, 3, 32, 32), torch.randn(2, 3))
+    kwargs = {"layer": "net.layer3"} if hv.METHODS[name].__module__.endswith("cam") else {}
+    method = hv.METHODS[name](model, **kwargs)
+    if fail:
+        with pytest.raises(RuntimeError):  # the extra argument breaks the forward pass itself
+            method.attribute(inputs, target=[1, 2], additional_forward_args=torch.ones(2, 5))
+    else:
+        out = method.attribute(inputs, target=[1, 2], additional_forward_args=torch.tensor([1.0, -1.0]))
+        assert all(torch.isfinite(o).all() for o in (out if isinstance(out, tuple) else (out,)))
     assert_same(before, model)

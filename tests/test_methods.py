@@ -280,7 +280,7 @@ def test_gradcam_layer_errors() -> None:
 
 def test_input_errors() -> None:
     model = make("resnet18")
-    with pytest.raises(ValueError, match=r"x has 1 channels .* expects 3; convert grayscale images"):
+    with pytest.raises(ValueError, match=r"inputs has 1 channels .* expects 3; convert grayscale images"):
         Saliency(model).attribute(torch.ones(1, 1, 32, 32))
     with pytest.raises(TypeError, match="floating-point"):
         Saliency(model).attribute(torch.ones(1, 3, 32, 32, dtype=torch.uint8))

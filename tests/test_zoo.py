@@ -184,10 +184,15 @@ def test_corrupted_or_missing_weights_name_the_file(tmp_path, monkeypatch) -> No
 
 def test_train_command_writes_loadable_weights_and_reports(tmp_path, capsys) -> None:
     out = tmp_path / "w.pt"
-    assert zoo.main(["train", "--out", str(out), "--epochs", "1", "--per-epoch", "32", "--fresh", "20"]) == 0
+    args = ["--epochs", "1", "--per-epoch", "32", "--fresh", "20"]
+    assert zoo.main(["train", "--out", str(out), *args]) == 0
     printed = capsys.readouterr().out
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {sha}" in printed and "accuracy on a fresh split (20 images, seed 0):" in printed
+    # seeded, and the bytes do not depend on the file's name (torch.save would put the name in the archive)
+    again = tmp_path / "sub" / "other_name.pt"
+    assert zoo.main(["train", "--out", str(again), *args]) == 0
+    assert again.read_bytes() == out.read_bytes()
     state = torch.load(out, weights_only=True)
     assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float16}
     zoo.ShapesCNN().load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})

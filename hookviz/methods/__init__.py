@@ -12,8 +12,16 @@ from .cam import (
     XGradCAM,
     choose_layer,
 )
-from .gradient import InputGradientAttribution, InputXGradient, IntegratedGradients, Saliency, SmoothGrad
+from .gradient import (
+    InputGradientAttribution,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+    VarGrad,
+)
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
+from .perturbation import RISE, Occlusion, PerturbationAttribution
 
 __all__ = [
     "METHODS",
@@ -29,11 +37,15 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "LayerCAM",
+    "Occlusion",
+    "PerturbationAttribution",
+    "RISE",
     "ReLUCoverage",
     "ReLURuleAttribution",
     "Saliency",
     "ScoreCAM",
     "SmoothGrad",
+    "VarGrad",
     "XGradCAM",
     "choose_layer",
     "get_method",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -15,7 +16,9 @@ from torch import Tensor, nn
 from ..hooks import HookError, HookManager, select_modules
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
+from .forward import ForwardArgs, as_tuple
 from .guided import GuidedBackprop
+from .scope import acting, active_call, current_call
 
 # (N, T, D) tokens -> (N, D, h, w); also applied to the gradients, so it must only rearrange
 Reshape: TypeAlias = "tuple[int, int] | Callable[[Tensor], Tensor] | None"
@@ -53,7 +56,9 @@ def _is_attention(module: nn.Module) -> bool:
     return isinstance(module, nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
 
 
-def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
+def choose_layer(
+    model: nn.Module, x: Tensor | tuple[Tensor, ...], forward_args: ForwardArgs | None = None
+) -> tuple[str, nn.Module]:
     """The CAM layer of `model` for inputs like `x`: the last convolutional map, or the last attention block's input.
 
     Convolutional maps: the last module, in order of completion, whose output is a 4-D (N, C, h, w) map with more
@@ -68,37 +73,69 @@ def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
     zero there and every map would be empty; before the last attention, the patch tokens still reach the class
     token. Attention modules are ``nn.MultiheadAttention`` and modules whose class name contains "Attention".
 
-    Costs one forward of one sample.
+    The probe is one forward pass of `x` as given (the whole batch: what the explained forward pass sees, so a
+    layout the model rejects fails as the model's own forward does, with a note), without gradients and with every
+    module in eval mode, so the choice depends neither on the batch nor on the model's modes, and BatchNorm
+    statistics are left alone; the modes are restored afterwards. The probe is an active call (`scope`): hooks of
+    an enclosing hookviz call do not act on it.
     """
-    records: list[tuple[int, str, nn.Module, Tensor]] = []  # 4-D maps, with their completion order
-    pooled: set[int] = set()
-    norms: dict[int, tuple[int, str, nn.Module, Tensor]] = {}  # id(output) -> LayerNorm with a 3-D output
-    attention_inputs: list[Tensor] = []  # kept alive so that ids stay unique
+    records: list[tuple[int, str, nn.Module]] = []  # 4-D maps, with their completion order
+    pooled: dict[int, weakref.ref[Tensor]] = {}  # outputs of pooling / pass-through modules, by id
+    norms: dict[int, tuple[int, str, nn.Module, weakref.ref[Tensor]]] = {}  # LayerNorms with a 3-D output, by id
+    attention_inputs: list[int] = []  # ids of the inputs of attention modules, in call order
     order = [0]
 
+    def known(table: dict[int, Any], t: Tensor) -> Any:
+        # weak references: no activation is kept alive, and an id reused by a later tensor is not mistaken for it
+        entry = table.get(id(t))
+        ref = entry[-1] if isinstance(entry, tuple) else entry
+        return entry if ref is not None and ref() is t else None
+
     def on_output(name: str, module: nn.Module, args: Any, out: Any) -> None:
+        if not acting(call):
+            return
         order[0] += 1
         if not isinstance(out, Tensor):
             return
         if out.dim() == 4 and out.shape[-1] * out.shape[-2] > 1:
             if isinstance(module, _NOT_CAM_LAYERS):
-                pooled.add(id(out))
-            records.append((order[0], name, module, out))
+                pooled[id(out)] = weakref.ref(out)
+            elif known(pooled, out) is None:  # containers whose output is a pooling layer's are skipped
+                records.append((order[0], name, module))
         elif out.dim() == 3 and isinstance(module, nn.LayerNorm):
-            norms[id(out)] = (order[0], name, module, out)
+            norms[id(out)] = (order[0], name, module, weakref.ref(out))
 
     def on_attention(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not acting(call):
+            return
         query = args[0] if args else kwargs.get("query", kwargs.get("hidden_states"))
         if isinstance(query, Tensor):
-            attention_inputs.append(query)
+            norm = known(norms, query)
+            if norm is not None:
+                attention_inputs.append(norm[:3])
 
-    with torch.no_grad(), HookManager(model) as hooks:
-        hooks.forward(lambda name, module: name != "", on_output, with_name=True)
-        if any(_is_attention(m) for m in model.modules()):
-            hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
-        model(x[:1])
-    maps = [(i, n, m) for i, n, m, out in records if id(out) not in pooled and not isinstance(m, _NOT_CAM_LAYERS)]
-    tokens = [norms[id(q)][:3] for q in attention_inputs if id(q) in norms]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        with active_call() as call, torch.no_grad(), HookManager(model) as hooks:
+            model.eval()
+            hooks.forward(lambda name, module: name != "", on_output, with_name=True)
+            if any(_is_attention(m) for m in model.modules()):
+                hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
+            xs = as_tuple(x)
+            try:
+                (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
+            except Exception as exc:
+                exc.add_note(
+                    f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
+                    f"given, shape {', '.join(str(tuple(t.shape)) for t in xs)}); the model's forward must accept "
+                    "them as a batch (N, ...)"
+                )
+                raise
+    finally:
+        for m, training in modes:
+            m.training = training
+    maps = records
+    tokens = attention_inputs
     if tokens and (not maps or tokens[-1][0] > maps[-1][0]):
         return tokens[-1][1:]
     if not maps:
@@ -110,11 +147,33 @@ def choose_layer(model: nn.Module, x: Tensor) -> tuple[str, nn.Module]:
     return maps[-1][1:]
 
 
-def upsample_maps(maps: Tensor, size: tuple[int, ...]) -> Tensor:
-    """Bilinear resize (``align_corners=False``) of (..., 1, h, w) maps to `size` (H, W)."""
+UPSAMPLE_MODES: tuple[str, ...] = ("bilinear", "nearest", "bicubic")
+
+
+def check_upsample(upsample: object, *, allow_off: bool = True) -> str | None:
+    """The `F.interpolate` mode an ``upsample`` argument names: None for False, ``"bilinear"`` for True."""
+    if isinstance(upsample, bool):
+        if upsample or allow_off:
+            return "bilinear" if upsample else None
+    elif isinstance(upsample, str) and upsample in UPSAMPLE_MODES:
+        return upsample
+    allowed = ", ".join(map(repr, UPSAMPLE_MODES))
+    raise ValueError(
+        f"upsample must be {'False, ' if allow_off else ''}True (bilinear) or one of {allowed}; got {upsample!r}"
+    )
+
+
+def upsample_maps(maps: Tensor, size: tuple[int, ...], mode: str = "bilinear") -> Tensor:
+    """Resize (..., 1, h, w) maps to `size` (H, W) with `F.interpolate`: ``mode`` "bilinear" (default) or "bicubic"
+    with ``align_corners=False`` (bicubic may overshoot: values slightly below 0 or above the map's maximum are
+    kept), or "nearest" (captum's default)."""
+    mode = check_upsample(mode, allow_off=False)  # type: ignore[assignment]
     lead = maps.shape[:-2]
     flat = maps.reshape(-1, 1, *maps.shape[-2:])
-    out = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+    if mode == "nearest":
+        out = F.interpolate(flat, size=size, mode="nearest")
+    else:
+        out = F.interpolate(flat, size=size, mode=mode, align_corners=False)
     return out.reshape(*lead, *out.shape[-2:])
 
 
@@ -186,6 +245,7 @@ class CAMAttribution(Attribution):
     """
 
     display_defaults = {"reduce": None, "mode": "minmax", "cmap": "jet", "overlay": True}
+    multi_input = True  # a tuple of inputs and additional_forward_args (not Score-CAM, Guided Grad-CAM)
 
     def __init__(
         self,
@@ -226,13 +286,26 @@ class CAMAttribution(Attribution):
         """Dotted name of the layer explained (None until the first call when it is chosen automatically)."""
         return None if self._layer is None else self._layer[0]
 
-    def attribute(self, inputs: Tensor, target: TargetSpec = None, *, upsample: bool = False) -> Tensor:
-        """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input);
-        ``upsample=True`` resizes them bilinearly to the input's (H, W)."""
-        x = self._check_inputs(inputs)
-        cam, _ = self._explain(x, target)
-        if upsample:
-            cam = upsample_maps(cam, tuple(x.shape[-2:]))
+    def attribute(  # type: ignore[override]
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        upsample: bool | str = False,
+        additional_forward_args: Any = None,
+    ) -> Tensor:
+        """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input).
+
+        ``upsample`` resizes them to the input's (H, W) (the first input's, for a tuple): True or ``"bilinear"``
+        (``align_corners=False``), ``"nearest"`` (as captum's ``LayerAttribution.interpolate`` default) or
+        ``"bicubic"``; False keeps them. A tuple of inputs and `additional_forward_args` are passed to ``forward`` as
+        in `Attribution.attribute`.
+        """
+        mode = check_upsample(upsample)
+        x, kwargs, _ = self._call_args(inputs, additional_forward_args)
+        cam, _ = self._explain(x, target, **kwargs)
+        if mode is not None:
+            cam = upsample_maps(cam, tuple(as_tuple(x)[0].shape[-2:]), mode)
         return cam
 
     def __repr__(self) -> str:
@@ -245,7 +318,7 @@ class CAMAttribution(Attribution):
         raise NotImplementedError
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        act, targets, fold = self._record(x, target)
+        act, targets, fold = self._record(x, target, kwargs.get("forward_args"))
         (grads,) = batched_grad(targets.scores, [act], strategy=self.backward)
         n, k = grads.shape[:2]
         # CAM arithmetic in float32 whatever the autocast dtype of the forward pass
@@ -253,18 +326,25 @@ class CAMAttribution(Attribution):
         g = fold(grads.flatten(0, 1)).float().unflatten(0, (n, k))
         return _weighted_sum(self._weights(a, g), a), targets
 
-    def _record(self, x: Tensor, target: Any) -> tuple[Tensor, Targets, Callable[[Tensor], Tensor]]:
-        """One forward pass with the layer's output recorded.
+    def _record(
+        self, x: Tensor | tuple[Tensor, ...], target: Any, forward_args: ForwardArgs | None = None
+    ) -> tuple[Tensor, Targets, Callable[[Tensor], Tensor]]:
+        """One forward pass of the input (or tuple of inputs) with the layer's output recorded.
 
         Returns the layer's output A (still attached to the graph), the resolved targets, and ``fold``, which maps
         A-shaped tensors with any batch size M to (M, C, h, w) maps (identity for convolutional layers).
         """
+        xs = as_tuple(x)
+        fwd = forward_args or ForwardArgs((), xs[0].shape[0])
         if self._layer is None:
-            self._layer = choose_layer(self.model, x)
+            self._layer = choose_layer(self.model, xs, fwd)
         name, module = self._layer
         acts: list[Tensor] = []
+        call = current_call()
 
-        def on_layer(mod: nn.Module, args: Any, out: Any) -> Tensor:
+        def on_layer(mod: nn.Module, args: Any, out: Any) -> Tensor | None:
+            if not acting(call):
+                return None  # the forward pass of another hookviz call nested inside this one
             if not isinstance(out, Tensor):
                 raise HookError(
                     f"layer {name!r} returns {type(out).__name__}, not a tensor; choose a layer whose output is one "
@@ -280,8 +360,8 @@ class CAMAttribution(Attribution):
         # forwards, Guided Grad-CAM's guided pass).
         with HookManager(self.model) as layer_hooks:
             layer_hooks.forward(module, on_layer)
-            output = self.model(x.detach())
-        targets = resolve_targets(target, output, x.shape[0])
+            output = fwd(self.model, [t.detach() for t in xs])
+        targets = resolve_targets(target, output, xs[0].shape[0])
         if not acts:
             raise RuntimeError(f"layer {name!r} did not run in the forward pass; choose a layer the model uses")
         if len(acts) > 1:
@@ -455,6 +535,7 @@ class ScoreCAM(CAMAttribution):
     """
 
     eps = 1e-8
+    multi_input = False  # masks one image input
 
     def __init__(
         self, model: nn.Module, layer: str | nn.Module | None = None, *, batch_size: int = 64, **kwargs: Any
@@ -518,11 +599,16 @@ class GuidedGradCAM(GradCAM):
     r"""Guided Grad-CAM (Selvaraju et al., 2017, "Grad-CAM: Visual Explanations from Deep Networks via
     Gradient-based Localization", https://arxiv.org/abs/1610.02391, Sec. 3.1).
 
-    Guided Backpropagation times the Grad-CAM map upsampled bilinearly (``align_corners=False``) to the input size:
-    $$ G = \mathrm{GuidedBackprop}(x)_c \odot U(\mathrm{ReLU}(\sum_k \alpha_k A^k)) $$. Two passes (the guided ReLU
-    rule would change the gradient that reaches the layer). Result shaped like the input, (N, C, H, W), or
-    (N, K, C, H, W). Same conventions as captum's ``GuidedGradCam(model, layer).attribute(x, target,
-    interpolate_mode="bilinear")`` (ReLU on the map, then bilinear upsampling).
+    Guided Backpropagation times the Grad-CAM map upsampled (U: bilinear, ``align_corners=False``, by default) to
+    the input size: $$ G = \mathrm{GuidedBackprop}(x)_c \odot U(\mathrm{ReLU}(\sum_k \alpha_k A^k)) $$. Two passes
+    (the guided ReLU rule would change the gradient that reaches the layer). Result shaped like the input,
+    (N, C, H, W), or (N, K, C, H, W). Same conventions as captum's ``GuidedGradCam(model, layer).attribute(x,
+    target, interpolate_mode="bilinear")`` (ReLU on the map, then upsampling); ``upsample="nearest"`` gives
+    captum's default (``interpolate_mode="nearest"``).
+
+    Args:
+        upsample: how U resizes the map: ``"bilinear"`` (default; True means the same), ``"nearest"`` or
+            ``"bicubic"``.
 
     Example::
 
@@ -530,8 +616,17 @@ class GuidedGradCAM(GradCAM):
     """
 
     display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
+    multi_input = False  # one image input, like its guided pass
 
-    def __init__(self, model: nn.Module, layer: str | nn.Module | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: str | nn.Module | None = None,
+        *,
+        upsample: bool | str = "bilinear",
+        **kwargs: Any,
+    ) -> None:
+        self.upsample: str = check_upsample(upsample, allow_off=False)  # type: ignore[assignment]
         super().__init__(model, layer, **kwargs)
         # the guided pass, through GuidedBackprop's public API (it raises ValueError for a model without ReLUs)
         self._guided = GuidedBackprop(model)
@@ -550,4 +645,4 @@ class GuidedGradCAM(GradCAM):
         guided = self._guided.attribute(x, spec)
         if not targets.multi:
             guided = guided.unsqueeze(1)
-        return guided * upsample_maps(cam, tuple(x.shape[-2:])), targets
+        return guided * upsample_maps(cam, tuple(x.shape[-2:]), self.upsample), targets

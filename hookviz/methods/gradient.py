@@ -15,16 +15,19 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from numbers import Real
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import torch
 from torch import Tensor, nn
 
-from ..hooks import HookManager
+from ..hooks import HookManager, Selector
+from ..inputs import check_finite
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
+from .forward import ForwardArgs, as_tuple, take_rows
+from .layer import LayerTap
 
 IGMethod: TypeAlias = Literal["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre"]
 IG_METHODS: tuple[str, ...] = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
@@ -34,17 +37,35 @@ _SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overla
 
 
 # -- shared helpers -------------------------------------------------------------------------------------------------
-def _input_gradient(
-    model: nn.Module, x: Tensor, target: TargetSpec | TargetPlan, backward: BackwardStrategy = "auto"
-) -> tuple[Tensor, Targets]:
-    """One forward of `x` (N, ...) and one batched backward: the input gradient (N, K, ...) and the resolved targets.
+def _gradients(
+    model: nn.Module,
+    xs: tuple[Tensor, ...],
+    target: TargetSpec | TargetPlan,
+    backward: BackwardStrategy,
+    forward_args: ForwardArgs,
+    tap: LayerTap | None = None,
+    at: Tensor | None = None,
+    forward: AbstractContextManager[Any] | None = None,
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Targets]:
+    """One forward of the inputs `xs` (each (N, ...)) and one batched backward.
 
-    Differentiates through a fresh leaf over the caller's data, so `x` never gets ``requires_grad`` or a ``.grad``.
+    Returns the tensors differentiated, their gradients (N, K, ...) and the resolved targets. Without `tap`: every
+    input, through fresh leaves over the caller's data (which never get ``requires_grad`` or a ``.grad``). With
+    `tap`: the layer's tensor, as computed (`at` None) or replaced by `at`; the inputs are passed as they are
+    (integer token ids included). `forward`: a context entered around the forward pass only (a method's gradient
+    rules).
     """
-    inp = x.detach().requires_grad_(True)
-    targets = resolve_targets(target, model(inp), x.shape[0])
-    (grad,) = batched_grad(targets.scores, [inp], strategy=backward)
-    return grad, targets
+    with forward if forward is not None else nullcontext():
+        if tap is None:
+            wrt = tuple(t.detach().requires_grad_(True) for t in xs)
+            output = forward_args(model, wrt)
+        else:
+            with tap.capture() if at is None else tap.replace(at.detach().requires_grad_(True)) as taken:
+                output = forward_args(model, tuple(t.detach() for t in xs))
+            wrt = (tap.one(taken),)
+    targets = resolve_targets(target, output, xs[0].shape[0])
+    grads = batched_grad(targets.scores, list(wrt), strategy=backward)
+    return wrt, tuple(grads), targets
 
 
 def _chunks(total: int, batch_size: int | None) -> Iterator[tuple[int, int]]:
@@ -61,27 +82,59 @@ def _plan_rows(plan: TargetPlan, inputs: Tensor) -> TargetPlan:
     return TargetPlan(plan.indices[inputs.to(plan.indices.device)], None, plan.multi)
 
 
-def _forward_scores(model: nn.Module, x: Tensor, plan: TargetPlan, batch_size: int | None) -> Targets:
+def _forward_scores(
+    model: nn.Module,
+    x: Tensor | tuple[Tensor, ...],
+    plan: TargetPlan,
+    batch_size: int | None,
+    *,
+    forward_args: ForwardArgs | None = None,
+) -> Targets:
     """Target scores of `x` (N, ...) without a backward pass, in chunks; a "top class" plan resolves per input.
 
     Class targets run under ``torch.no_grad()``; a callable target needs its scores connected to the output
     (`resolve_targets` checks that), so it runs with a graph that is dropped right after.
     """
+    return _scores_and_layer(model, as_tuple(x), plan, batch_size, forward_args)[0]
+
+
+def _scores_and_layer(
+    model: nn.Module,
+    xs: tuple[Tensor, ...],
+    plan: TargetPlan,
+    batch_size: int | None,
+    forward_args: ForwardArgs | None = None,
+    tap: LayerTap | None = None,
+) -> tuple[Targets, Tensor | None]:
+    """`_forward_scores` of the inputs `xs`, and with `tap` the layer's tensor (N, ...) from the same passes."""
+    n = xs[0].shape[0]
+    fwd = forward_args or ForwardArgs((), n)
     scores: list[Tensor] = []
     indices: list[Tensor] = []
+    acts: list[Tensor] = []
     multi = plan.multi
-    for start, stop in _chunks(x.shape[0], batch_size):
+    for start, stop in _chunks(n, batch_size):
         rows = torch.arange(start, stop)
-        if plan.fn is None:
-            with torch.no_grad():
-                t = resolve_targets(_plan_rows(plan, rows), model(x[start:stop]), stop - start)
-        else:
-            t = resolve_targets(plan, model(x[start:stop].detach().requires_grad_(True)), stop - start)
+        chunk = tuple(t[start:stop] for t in xs)
+        chunk_fwd = fwd if stop - start == n else fwd.rows(rows)
+        with ExitStack() as stack:
+            taken = stack.enter_context(tap.capture()) if tap is not None else None
+            if plan.fn is None:
+                with torch.no_grad():
+                    t = resolve_targets(_plan_rows(plan, rows), chunk_fwd(model, chunk), stop - start)
+            else:
+                # the layer's leaf connects the scores when there is a tap; else the inputs do
+                if tap is None:
+                    chunk = tuple(c.detach().requires_grad_(True) for c in chunk)
+                t = resolve_targets(plan, chunk_fwd(model, chunk), stop - start)
+        if tap is not None and taken is not None:
+            acts.append(tap.one(taken).detach())
         scores.append(t.scores.detach())
         if t.indices is not None:
             indices.append(t.indices)
         multi = t.multi
-    return Targets(torch.cat(scores), torch.cat(indices) if indices else None, multi)
+    targets = Targets(torch.cat(scores), torch.cat(indices) if indices else None, multi)
+    return targets, (torch.cat(acts) if acts else None)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -100,6 +153,44 @@ def _check_batch_size(batch_size: object) -> int | None:
     return batch_size
 
 
+def _one_baseline(b: Tensor | float | None, x: Tensor) -> Tensor:
+    """The baseline (N, ...) of the input `x` from a baseline spec (None, a number, a broadcasting tensor)."""
+    if b is None:
+        return torch.zeros_like(x)
+    if not isinstance(b, Tensor):
+        return torch.full_like(x, float(b))
+    try:
+        shape = torch.broadcast_shapes(b.shape, x.shape)
+    except RuntimeError:
+        shape = None
+    if shape != x.shape:
+        raise ValueError(
+            f"baseline of shape {tuple(b.shape)} does not broadcast to the inputs' shape {tuple(x.shape)}; give "
+            "one baseline (C, H, W) / (1, C, H, W) or one per input (N, C, H, W)"
+        )
+    check_finite(b, "baseline")  # again at call time: the tensor may have changed in place since __init__
+    return b.detach().to(device=x.device, dtype=x.dtype).expand_as(x)
+
+
+def _check_baseline(baseline: object) -> None:
+    if isinstance(baseline, tuple):
+        for b in baseline:
+            _check_baseline(b)
+        return
+    if baseline is not None and not isinstance(baseline, Tensor):
+        if isinstance(baseline, bool) or not isinstance(baseline, Real):
+            raise TypeError(
+                "baseline must be None (zeros), a number (a constant image), a tensor that broadcasts to the "
+                f"inputs' shape, or a tuple of those (one per input tensor); got {type(baseline).__name__}"
+            )
+    if isinstance(baseline, Tensor) and (baseline.is_complex() or baseline.dtype == torch.bool):
+        raise TypeError(f"baseline tensor must hold real numbers, got dtype {baseline.dtype}")
+    if isinstance(baseline, Real) and not math.isfinite(baseline):
+        raise ValueError(f"baseline must be a finite number (a constant image), got {baseline!r}")
+    if isinstance(baseline, Tensor):
+        check_finite(baseline, "baseline")
+
+
 def _check_int(name: str, value: object, minimum: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int ({what}), got {type(value).__name__} {value!r}")
@@ -110,20 +201,79 @@ def _check_int(name: str, value: object, minimum: int, what: str) -> int:
 
 # -- the plain gradient and input x gradient ------------------------------------------------------------------------
 class InputGradientAttribution(Attribution):
-    """Differentiates the target score w.r.t. the input; subclasses place gradient rules in `_place_hooks` and
-    may turn the gradient into their attribution in `_from_gradient`."""
+    """Differentiates the target score w.r.t. the input; subclasses place gradient rules in `_forward_rules` and
+    may turn the gradient into their attribution in `_from_gradient`.
 
-    def _place_hooks(self, hooks: HookManager) -> None:
-        """Place the method's hooks before the forward pass (none for the plain gradient)."""
+    Several inputs: ``attribute((x1, x2), additional_forward_args=(mask,))`` differentiates
+    ``model(x1, x2, mask)`` w.r.t. x1 and x2 and returns a tuple of attributions shaped like them.
+
+    Args (`Saliency` and `InputXGradient`):
+        layer: attribute to this module's output instead of the input (captum's ``Layer*`` methods): a module of
+            the model, its dotted name, or any `HookManager` selector that names exactly one module; the result
+            is shaped like that tensor, (N, ...) or (N, K, ...). The inputs may then be integer tensors (token ids
+            into an embedding). The module must run exactly once per forward and output one float tensor.
+        layer_input: attribute to the module's (first) input instead of its output.
+    """
+
+    multi_input = True
+    layer_support: ClassVar[bool] = False  # whether layer= is offered (it is not for the ReLU-rule methods)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        layer: Selector | None = None,
+        layer_input: bool = False,
+        eval_mode: bool = True,
+        backward: BackwardStrategy = "auto",
+    ) -> None:
+        super().__init__(model, eval_mode=eval_mode, backward=backward)
+        self._tap = _layer_tap(self, model, layer, layer_input)
+
+    @property
+    def layer(self) -> str | None:
+        """Dotted name of the layer attributed to (None: the input)."""
+        return None if self._tap is None else self._tap.name
+
+    def _allows_integer_inputs(self) -> bool:
+        return self._tap is not None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__}{', ' + repr(self._tap) if self._tap else ''})"
+
+    def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[Any]:
+        """Place the method's hooks for one pass; the returned context is entered around its forward pass only and
+        must undo, on exit, whatever it changed (none for the plain gradient)."""
+        return nullcontext()
 
     def _from_gradient(self, x: Tensor, grad: Tensor) -> Tensor:
         """The attribution (N, K, ...) from the inputs `x` (N, ...) and their gradient (N, K, ...): the gradient."""
         return grad
 
-    def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        self._place_hooks(hooks)
-        grad, targets = _input_gradient(self.model, x, target, self.backward)
-        return self._from_gradient(x, grad), targets
+    def _run(
+        self, x: Tensor | tuple[Tensor, ...], target: Any, hooks: HookManager, **kwargs: Any
+    ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
+        """A tuple of attributions, one per input (the layer's attribution alone with ``layer=``)."""
+        xs = as_tuple(x)
+        fwd = kwargs.get("forward_args") or ForwardArgs((), xs[0].shape[0])
+        wrt, grads, targets = _gradients(
+            self.model, xs, target, self.backward, fwd, self._tap, forward=self._forward_rules(hooks)
+        )
+        attributions = tuple(self._from_gradient(w, g) for w, g in zip(wrt, grads, strict=True))
+        return (attributions[0] if self._tap is not None else attributions), targets
+
+
+def _layer_tap(method: Attribution, model: nn.Module, layer: Selector | None, layer_input: bool) -> LayerTap | None:
+    if layer is None:
+        if layer_input is not False:
+            raise ValueError(f"layer_input={layer_input!r} needs layer= (the module whose input is attributed to)")
+        return None
+    if not getattr(method, "layer_support", True):
+        raise TypeError(
+            f"{type(method).__name__} does not take layer=; layer attribution is offered by Saliency, InputXGradient "
+            "and IntegratedGradients (and SmoothGrad / VarGrad over them)"
+        )
+    return LayerTap(model, layer, layer_input=layer_input)
 
 
 @register("saliency")
@@ -132,6 +282,8 @@ class Saliency(InputGradientAttribution):
 
     $$ A = \partial y_c / \partial x $$, signed, shaped like the input (N, C, H, W); (N, K, C, H, W) with K
     targets per input. Take ``.abs()`` (or display with ``reduce="max-abs"``) for the paper's saliency map.
+    With ``layer=`` it is the gradient w.r.t. that layer's output, shaped like it (captum's
+    ``LayerGradientXActivation(..., multiply_by_inputs=False)``).
 
     Example::
 
@@ -139,6 +291,7 @@ class Saliency(InputGradientAttribution):
     """
 
     display_defaults = {"reduce": "max-abs", "mode": "minmax", "cmap": "gray", "overlay": False}
+    layer_support = True
 
 
 @register("input-x-gradient")
@@ -149,6 +302,7 @@ class InputXGradient(InputGradientAttribution):
 
     $$ A = x \odot \partial y_c / \partial x $$, signed, shaped like the input (N, C, H, W); (N, K, C, H, W) with K
     targets per input. For a linear model $$ y = w^\top x + b $$ it is $$ x \odot w $$, which sums to $$ y - b $$.
+    With ``layer=`` it is the layer's activation times its gradient (captum's ``LayerGradientXActivation``).
 
     Example::
 
@@ -156,56 +310,65 @@ class InputXGradient(InputGradientAttribution):
     """
 
     display_defaults = _SIGNED_DISPLAY
+    layer_support = True
 
     def _from_gradient(self, x: Tensor, grad: Tensor) -> Tensor:
         return x.detach().unsqueeze(1).to(grad.dtype) * grad
 
 
-# -- SmoothGrad -----------------------------------------------------------------------------------------------------
+# -- SmoothGrad and VarGrad -----------------------------------------------------------------------------------------
 @register("smoothgrad")
 class SmoothGrad(Attribution):
     r"""SmoothGrad (Smilkov et al., 2017, "SmoothGrad: removing noise by adding noise", arXiv:1706.03825).
 
-    Averages an input-gradient method M (`Saliency`, `GuidedBackprop`, `InputXGradient`, any
-    `InputGradientAttribution`) over n noisy copies of each input:
+    Averages any attribution method M (`Saliency`, `GuidedBackprop`, `InputXGradient`, `IntegratedGradients`, the
+    CAMs, any `Attribution` instance) over n noisy copies of each input:
     $$ \hat M(x) = \frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s), \quad
     \epsilon_s \sim \mathcal{N}\big(0, (\sigma (x_{max} - x_{min}))^2\big) $$
     with $$ x_{max} - x_{min} $$ taken per input sample (the paper's noise level, ``sigma=0.15`` is 15 %);
     ``squared=True`` averages $$ M(x + \epsilon_s)^2 $$ instead (SmoothGrad-Squared, Hooker et al., 2019,
-    arXiv:1806.10758). Result shaped like M's: (N, C, H, W), or (N, K, C, H, W) with K targets per input.
+    arXiv:1806.10758). Result shaped like M's: (N, C, H, W), or (N, K, C, H, W) with K targets per input; a tuple
+    for several inputs (each input tensor gets its own noise, scaled by its own range).
 
     Args:
-        method: the method to smooth, an `InputGradientAttribution` instance (its model, ``eval_mode`` and hooks are
-            used on every noisy pass); a bare `nn.Module` means ``Saliency(module)``.
+        method: the method to smooth, an `Attribution` instance (its model, ``eval_mode``, layer and hooks are used
+            on every noisy pass); a bare `nn.Module` means ``Saliency(module)``.
         n: noisy copies per input.
         sigma: noise standard deviation as a fraction of each input's value range.
-        batch_size: at most this many rows (noisy copies) per forward/backward pass; None: all N * n at once.
+        batch_size: at most this many rows (noisy copies) per call of the method; None: all N * n at once. (A
+            method that expands the batch itself, such as IntegratedGradients, chunks its rows by its own
+            ``batch_size``.)
         squared: average the squared attributions (SmoothGrad-Squared).
         generator: a `torch.Generator` on the inputs' device for reproducible noise (None: the global generator).
 
     Targets: None means the top class of the *clean* input (one extra forward without gradients); ints, sequences,
     (N, K) tensors and callables apply to every noisy copy of their input (a callable is called on each chunk's
     output and must score its rows independently). The returned scores are the target scores averaged over the
-    noisy copies.
+    noisy copies. ``additional_forward_args`` tensors with first dimension N follow their input's copies.
 
     Noise, exactly (so a reference can replicate it): the model is prepared and restored once per call; the copies
     are drawn in order s = 0, ..., n-1, each as one call
-    ``eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)`` for the whole batch x
-    (N, ...), and copy s is ``x + (sigma * (x_max - x_min)) * eps`` with ``x_max``/``x_min`` the per-sample
-    ``amax``/``amin`` over all non-batch axes (keepdim). The expanded batch is copy-major (row ``s * N + i`` is
-    input i's copy s) and is cut into chunks of ``batch_size`` rows; copies are drawn lazily as chunks need them,
-    so the noise (and the result) does not depend on ``batch_size``. The loop over draws is over whole-batch
-    draws (one per noise sample), never over inputs.
+    ``eps = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)`` per input tensor x (N, ...),
+    in the order of the inputs, and copy s is ``x + (sigma * (x_max - x_min)) * eps`` with ``x_max``/``x_min``
+    the per-sample ``amax``/``amin`` over all non-batch axes (keepdim). The expanded batch is copy-major (row
+    ``s * N + i`` is input i's copy s) and is cut into chunks of ``batch_size`` rows; copies are drawn lazily as
+    chunks need them, so the noise (and the result) does not depend on ``batch_size``. The loop over draws is over
+    whole-batch draws (one per noise sample), never over inputs.
 
     Example::
 
         smooth = SmoothGrad(GuidedBackprop(model), n=25, generator=torch.Generator().manual_seed(0))
         attr = smooth.attribute(x, target=281)
+        smooth_ig = SmoothGrad(IntegratedGradients(model, steps=16), n=10, batch_size=5)
     """
+
+    multi_input = True  # as the wrapped method: set per instance
+    expands_batch = True
+    _reduction: str = "mean"  # "mean", "mean_sq" (SmoothGrad-Squared) or "var" (VarGrad)
 
     def __init__(
         self,
-        method: InputGradientAttribution | nn.Module,
+        method: Attribution | nn.Module,
         n: int = 50,
         sigma: float = 0.15,
         *,
@@ -215,15 +378,15 @@ class SmoothGrad(Attribution):
     ) -> None:
         if isinstance(method, type):
             raise TypeError(
-                f"method must be an instance of an input-gradient method, got the class {method.__name__}; "
-                f"pass e.g. SmoothGrad({method.__name__}(model))"
+                f"method must be an instance of an attribution method, got the class {method.__name__}; "
+                f"pass e.g. {type(self).__name__}({method.__name__}(model))"
             )
         if isinstance(method, nn.Module):
             method = Saliency(method)
-        if not isinstance(method, InputGradientAttribution):
+        if not isinstance(method, Attribution):
             raise TypeError(
-                "method must be an input-gradient method (Saliency, GuidedBackprop, InputXGradient, any "
-                f"InputGradientAttribution) or a model (smoothed Saliency), got {type(method).__name__}"
+                "method must be an attribution method instance (Saliency, IntegratedGradients, GradCAM, any hookviz "
+                f"Attribution) or a model (smoothed Saliency), got {type(method).__name__}"
             )
         n = _check_int("n", n, 1, "noisy copies per input")
         if isinstance(sigma, bool) or not isinstance(sigma, Real) or not (math.isfinite(sigma) and sigma >= 0):
@@ -235,10 +398,12 @@ class SmoothGrad(Attribution):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         super().__init__(method.model, eval_mode=method.eval_mode, backward=method.backward)
         self.method = method
+        self.multi_input = method.multi_input  # several inputs exactly when the wrapped method takes them
         self.n = n
         self.sigma = float(sigma)
         self.batch_size = batch_size
         self.squared = squared
+        self._reduction = "mean_sq" if squared else "mean"
         self.generator = generator
         self.display_defaults = dict(method.display_defaults)
 
@@ -249,10 +414,11 @@ class SmoothGrad(Attribution):
 
     def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:
         g = self.generator
-        if g is not None and g.device.type != x.device.type:
+        device = as_tuple(x)[0].device
+        if g is not None and g.device.type != device.type:
             raise ValueError(
-                f"generator is on {g.device} but the inputs are on {x.device}; create it with "
-                f"torch.Generator(device={str(x.device)!r})"
+                f"generator is on {g.device} but the inputs are on {device}; create it with "
+                f"torch.Generator(device={str(device)!r})"
             )
         return super()._explain(x, target, **kwargs)
 
@@ -260,45 +426,107 @@ class SmoothGrad(Attribution):
         # the wrapped method prepares the model (its eval_mode), once for all noisy passes
         return self.method._prepared()
 
-    def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        model, method, n_in = self.model, self.method, x.shape[0]
+    def _run(
+        self, x: Tensor | tuple[Tensor, ...], target: Any, hooks: HookManager, **kwargs: Any
+    ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
+        model, method = self.model, self.method
+        xs = tuple(t.detach() for t in as_tuple(x))
+        n_in = xs[0].shape[0]
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
         plan: TargetPlan = target
         indices = None
         if plan.indices is None and plan.fn is None:  # the top class of the clean input
-            indices = _forward_scores(model, x, plan, self.batch_size).indices
+            indices = _forward_scores(model, xs, plan, self.batch_size, forward_args=fwd).indices
             plan = TargetPlan(indices, None, False)
         elif plan.indices is not None:
-            indices = plan.indices.to(x.device)
-        x = x.detach()
-        dims = tuple(range(1, x.dim()))
-        scale = self.sigma * (x.amax(dim=dims, keepdim=True) - x.amin(dim=dims, keepdim=True))
-        copy_index, copy = -1, x
-        total: Tensor | None = None
+            indices = plan.indices.to(xs[0].device)
+        scales = []
+        for t in xs:
+            dims = tuple(range(1, t.dim()))
+            scales.append(self.sigma * (t.amax(dim=dims, keepdim=True) - t.amin(dim=dims, keepdim=True)))
+        # per-input state of the wrapped method (IntegratedGradients' baselines), indexed like the rows
+        state: dict[str, tuple[Tensor, ...]] = getattr(method, "_per_input_state", lambda xs: {})(xs)
+        copy_index, copy = -1, xs
+        sums: list[Tensor] | None = None
+        squares: list[Tensor] | None = None
         score_total: Tensor | None = None
-        multi = plan.multi
+        multi, as_tuple_result = plan.multi, False
         for start, stop in _chunks(n_in * self.n, self.batch_size):
             parts = []
             for s in range(start // n_in, (stop - 1) // n_in + 1):  # the copies this chunk touches, in order
                 if s > copy_index:  # chunks are contiguous: s is the next copy to draw
-                    eps = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
-                    copy_index, copy = s, x + scale * eps
-                parts.append(copy[max(start - s * n_in, 0) : min(stop - s * n_in, n_in)])
-            rows = torch.arange(start, stop, device=x.device) % n_in
-            chunk = parts[0] if len(parts) == 1 else torch.cat(parts)
+                    copy_index, copy = s, tuple(t + scale * self._noise(t) for t, scale in zip(xs, scales, strict=True))
+                lo, hi = max(start - s * n_in, 0), min(stop - s * n_in, n_in)
+                parts.append(tuple(c[lo:hi] for c in copy))
+            rows = torch.arange(start, stop, device=xs[0].device) % n_in
+            chunk = parts[0] if len(parts) == 1 else tuple(torch.cat(p) for p in zip(*parts, strict=True))
+            run_kwargs: dict[str, Any] = {k: take_rows(v, rows) for k, v in state.items()}
+            if method.multi_input:
+                run_kwargs["forward_args"] = fwd.rows(rows)
             # a manager per chunk: the method places its hooks (rules) for this pass only
             with HookManager(model) as chunk_hooks:
-                attr, targets = method._run(chunk, _plan_rows(plan, rows), chunk_hooks)
-            attr = attr.detach().to(_acc_dtype(attr.dtype))
-            if self.squared:
-                attr = attr * attr
-            if total is None:
-                total = attr.new_zeros((n_in, *attr.shape[1:]))
-                score_total = attr.new_zeros((n_in, targets.scores.shape[1]))
-            total.index_add_(0, rows, attr)
+                attr, targets = method._run(
+                    chunk if method.multi_input else chunk[0], _plan_rows(plan, rows), chunk_hooks, **run_kwargs
+                )
+            as_tuple_result = isinstance(attr, tuple)
+            attrs = tuple(a.detach().to(_acc_dtype(a.dtype)) for a in as_tuple(attr))
+            if sums is None:
+                sums = [a.new_zeros((n_in, *a.shape[1:])) for a in attrs]
+                squares = [a.new_zeros((n_in, *a.shape[1:])) for a in attrs]
+                score_total = attrs[0].new_zeros((n_in, targets.scores.shape[1]))
+            for e, a in enumerate(attrs):
+                if self._reduction != "mean_sq":
+                    sums[e].index_add_(0, rows, a)
+                if self._reduction != "mean":
+                    squares[e].index_add_(0, rows, a * a)  # type: ignore[index]
             score_total.index_add_(0, rows, targets.scores.detach().to(score_total.dtype))  # type: ignore[union-attr]
             multi = targets.multi
-        assert total is not None and score_total is not None  # n >= 1 and N >= 1: at least one chunk
-        return total / self.n, Targets(score_total / self.n, indices, multi)
+        assert sums is not None and squares is not None and score_total is not None  # n >= 1 and N >= 1
+        result = tuple(self._reduce(total, sq) for total, sq in zip(sums, squares, strict=True))
+        return (result if as_tuple_result else result[0]), Targets(score_total / self.n, indices, multi)
+
+    def _noise(self, t: Tensor) -> Tensor:
+        return torch.randn(t.shape, generator=self.generator, device=t.device, dtype=t.dtype)
+
+    def _reduce(self, total: Tensor, squares: Tensor) -> Tensor:
+        if self._reduction == "mean":
+            return total / self.n
+        if self._reduction == "mean_sq":
+            return squares / self.n
+        mean = total / self.n
+        return (squares / self.n - mean * mean).clamp_min(0)  # rounding can push a zero variance below 0
+
+
+@register("vargrad")
+class VarGrad(SmoothGrad):
+    r"""VarGrad (Adebayo et al., 2018, "Sanity Checks for Saliency Maps", arXiv:1810.03292; also Hooker et al., 2019,
+    "A Benchmark for Interpretability Methods in Deep Neural Networks", arXiv:1806.10758).
+
+    The variance of a method M over n noisy copies of each input, with SmoothGrad's noise (see `SmoothGrad`):
+    $$ V(x) = \frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)^2
+    - \Big(\frac{1}{n} \sum_{s=1}^{n} M(x + \epsilon_s)\Big)^2 $$
+    (the population variance, as captum's ``NoiseTunnel(nt_type="vargrad")``), element-wise, >= 0. Result shaped
+    like M's. Arguments as `SmoothGrad` (without ``squared``).
+
+    Example::
+
+        var = VarGrad(Saliency(model), n=25, sigma=0.15, batch_size=50).attribute(x, target=281)
+    """
+
+    def __init__(
+        self,
+        method: Attribution | nn.Module,
+        n: int = 50,
+        sigma: float = 0.15,
+        *,
+        batch_size: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(method, n, sigma, batch_size=batch_size, generator=generator)
+        self._reduction = "var"
+        # a variance is >= 0: shown on a sequential scale, not the signed one of the method
+        if self.display_defaults.get("cmap") == "bwr":
+            self.display_defaults.update(mode="minmax", cmap="inferno")
 
 
 # -- Integrated Gradients -------------------------------------------------------------------------------------------
@@ -345,12 +573,26 @@ class IntegratedGradients(Attribution):
     steps. The Riemann and Gauss-Legendre rules give captum's numbers; ``riemann_trapezoid`` is the true trapezoid
     rule, which is (steps / (steps - 1)) times captum's (whose trapezoid weights do not sum to 1).
 
+    Several inputs: ``attribute((x1, x2), additional_forward_args=(mask,))`` integrates every input's path at once
+    (one alpha for all of them) and returns a tuple of attributions; completeness holds for their sum. Per-sample
+    tensors among ``additional_forward_args`` (first dimension N) are expanded with the path points.
+
+    Layer attribution (``layer=``, captum's ``LayerIntegratedGradients``): the path runs in the layer's output
+    space, from the layer's output at the baseline, A', to its output at the input, A (both computed by forward
+    passes of the inputs and baselines given in input space): $$ (A - A') \odot \sum_j w_j \partial y_c / \partial
+    A |_{A' + lpha_j (A - A')} $$, each point run with the model's inputs x and the layer's output replaced.
+    Integer inputs (token ids) are allowed: ``IntegratedGradients(model, layer="embedding")`` explains a text model
+    through its embedding, with baseline token ids (default 0, often the padding id). The result is shaped like
+    the layer's output; completeness holds when everything from the inputs to the output passes through the layer.
+
     Args:
-        baseline: None (zeros), a number (a constant image), or a tensor that broadcasts to the inputs' shape.
+        baseline: None (zeros), a number (a constant image), a tensor that broadcasts to the inputs' shape, or a
+            tuple of those (one per input tensor).
         steps: quadrature points m (>= 1; >= 2 for the Riemann rules).
         method: ``"gausslegendre"`` (default), ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"`` or
             ``"riemann_trapezoid"``.
         batch_size: at most this many rows (path points) per forward/backward pass; None: all N * steps at once.
+        layer, layer_input: attribute to a layer's output (input); see `InputGradientAttribution`.
 
     Targets: None means the top class of the input x (not of each path point). Cost: N * steps rows forward and
     backward, plus 2N rows forward for y(x) and y(x'). The expanded batch is step-major (row ``j * N + i`` is input
@@ -363,15 +605,19 @@ class IntegratedGradients(Attribution):
     """
 
     display_defaults = _SIGNED_DISPLAY
+    multi_input = True
+    expands_batch = True
 
     def __init__(
         self,
         model: nn.Module,
         steps: int = 50,
-        baseline: Tensor | float | None = None,
+        baseline: Tensor | float | tuple[Tensor | float | None, ...] | None = None,
         *,
         method: IGMethod = "gausslegendre",
         batch_size: int | None = None,
+        layer: Selector | None = None,
+        layer_input: bool = False,
         eval_mode: bool = True,
         backward: BackwardStrategy = "auto",
     ) -> None:
@@ -379,86 +625,101 @@ class IntegratedGradients(Attribution):
             raise ValueError(f"method must be one of {', '.join(map(repr, IG_METHODS))}; got {method!r}")
         minimum = 1 if method == "gausslegendre" else 2
         steps = _check_int("steps", steps, minimum, f"quadrature points; >= {minimum} for method={method!r}")
-        if baseline is not None and not isinstance(baseline, Tensor):
-            if isinstance(baseline, bool) or not isinstance(baseline, Real):
-                raise TypeError(
-                    "baseline must be None (zeros), a number (a constant image) or a tensor that broadcasts to the "
-                    f"inputs' shape; got {type(baseline).__name__}"
-                )
-        if isinstance(baseline, Tensor) and (baseline.is_complex() or baseline.dtype == torch.bool):
-            raise TypeError(f"baseline tensor must hold real numbers, got dtype {baseline.dtype}")
+        _check_baseline(baseline)
         batch_size = _check_batch_size(batch_size)
         super().__init__(model, eval_mode=eval_mode, backward=backward)
+        self._tap = _layer_tap(self, model, layer, layer_input)
         self.steps = steps
         self.baseline = baseline
         self.method = method
         self.batch_size = batch_size
         self.last_delta: Tensor | None = None
 
+    layer = InputGradientAttribution.layer
+    _allows_integer_inputs = InputGradientAttribution._allows_integer_inputs
+
     def __repr__(self) -> str:
         extra = f", batch_size={self.batch_size}" if self.batch_size is not None else ""
+        extra += f", {self._tap!r}" if self._tap is not None else ""
         return f"{type(self).__name__}({type(self.model).__name__}, steps={self.steps}, method={self.method!r}{extra})"
 
     def _baseline_for(self, x: Tensor) -> Tensor:
+        return _one_baseline(self.baseline, x)  # type: ignore[arg-type]
+
+    def _baselines_for(self, xs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """One baseline per input tensor; a tuple baseline must have one entry per input."""
         b = self.baseline
-        if b is None:
-            return torch.zeros_like(x)
-        if not isinstance(b, Tensor):
-            return torch.full_like(x, float(b))
-        try:
-            shape = torch.broadcast_shapes(b.shape, x.shape)
-        except RuntimeError:
-            shape = None
-        if shape != x.shape:
-            raise ValueError(
-                f"baseline of shape {tuple(b.shape)} does not broadcast to the inputs' shape {tuple(x.shape)}; give "
-                "one baseline (C, H, W) / (1, C, H, W) or one per input (N, C, H, W)"
-            )
-        return b.detach().to(device=x.device, dtype=x.dtype).expand_as(x)
+        if not isinstance(b, tuple):
+            return tuple(_one_baseline(b, x) for x in xs)
+        if len(b) != len(xs):
+            raise ValueError(f"baseline is a tuple of {len(b)} entries but {len(xs)} input tensors came; give one each")
+        return tuple(_one_baseline(bi, x) for bi, x in zip(b, xs, strict=True))
+
+    def _per_input_state(self, xs: tuple[Tensor, ...]) -> dict[str, tuple[Tensor, ...]]:
+        """Per-input tensors (N, ...) that a wrapper expanding the batch (SmoothGrad) indexes with its rows."""
+        return {"baseline": self._baselines_for(xs)}
 
     def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:
-        baseline = self._baseline_for(x)  # shape errors before any work
+        baseline = self._baselines_for(as_tuple(x))  # shape errors before any work
         self.last_delta = None
         return super()._explain(x, target, baseline=baseline, **kwargs)
 
-    def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        model, n_in = self.model, x.shape[0]
-        x = x.detach()
-        baseline: Tensor = kwargs.get("baseline", None)
-        if baseline is None:
-            baseline = self._baseline_for(x)
+    def _run(
+        self, x: Tensor | tuple[Tensor, ...], target: Any, hooks: HookManager, **kwargs: Any
+    ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
+        model, tap = self.model, self._tap
+        xs = tuple(t.detach() for t in as_tuple(x))
+        n_in, device = xs[0].shape[0], xs[0].device
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
+        baseline = kwargs.get("baseline", None)
+        baselines = self._baselines_for(xs) if baseline is None else as_tuple(baseline)
         plan: TargetPlan = target
-        # y(x) resolves "top class" at the input itself; y(x') with the same targets
-        at_x = _forward_scores(model, x, plan, self.batch_size)
+        # y(x) resolves "top class" at the input itself; y(x') with the same targets; with a layer, the same
+        # passes give its output at the input and at the baseline, the ends of the path
+        at_x, layer_x = _scores_and_layer(model, xs, plan, self.batch_size, fwd, tap)
         if plan.indices is None and plan.fn is None:
             plan = TargetPlan(at_x.indices, None, False)
-        at_baseline = _forward_scores(model, baseline, plan, self.batch_size)
+        at_baseline, layer_b = _scores_and_layer(model, baselines, plan, self.batch_size, fwd, tap)
+        if tap is None:
+            starts, diffs = baselines, tuple(t - b for t, b in zip(xs, baselines, strict=True))
+        else:
+            assert layer_x is not None and layer_b is not None
+            starts, diffs = (layer_b,), (layer_x - layer_b,)
 
         alphas, weights = ig_nodes(self.method, self.steps)
-        acc = _acc_dtype(x.dtype)
-        alpha_t = torch.tensor(alphas, dtype=torch.float64).to(device=x.device, dtype=x.dtype)
-        weight_t = torch.tensor(weights, dtype=torch.float64).to(device=x.device, dtype=acc)
-        diff = x - baseline
-        view = (-1,) + (1,) * (x.dim() - 1)
-        total: Tensor | None = None
+        acc = _acc_dtype(starts[0].dtype)
+        alpha_t = torch.tensor(alphas, dtype=torch.float64, device=device)
+        weight_t = torch.tensor(weights, dtype=torch.float64).to(device=device, dtype=acc)
+        totals: list[Tensor | None] = [None] * len(starts)
         for start, stop in _chunks(n_in * self.steps, self.batch_size):
-            rows = torch.arange(start, stop, device=x.device)
+            rows = torch.arange(start, stop, device=device)
             i, j = rows % n_in, rows // n_in
-            points = baseline[i] + alpha_t[j].view(view) * diff[i]
-            grad, _ = _input_gradient(model, points, _plan_rows(plan, i), self.backward)
-            grad = grad.detach().to(acc) * weight_t[j].view(-1, *(1,) * (grad.dim() - 1))
-            if total is None:
-                total = grad.new_zeros((n_in, *grad.shape[1:]))
-            total.index_add_(0, i, grad)
-        assert total is not None  # steps >= 1 and N >= 1: at least one chunk
-        attribution = diff.to(acc).unsqueeze(1) * total
+            points = tuple(
+                s[i] + alpha_t[j].to(s.dtype).view(-1, *(1,) * (s.dim() - 1)) * d[i]
+                for s, d in zip(starts, diffs, strict=True)
+            )
+            if tap is None:
+                _, grads, _ = _gradients(model, points, _plan_rows(plan, i), self.backward, fwd.rows(i))
+            else:  # the inputs themselves, with the layer's output replaced by the path point
+                _, grads, _ = _gradients(
+                    model, take_rows(xs, i), _plan_rows(plan, i), self.backward, fwd.rows(i), tap, at=points[0]
+                )
+            for e, grad in enumerate(grads):
+                grad = grad.detach().to(acc) * weight_t[j].view(-1, *(1,) * (grad.dim() - 1))
+                if totals[e] is None:
+                    totals[e] = grad.new_zeros((n_in, *grad.shape[1:]))
+                totals[e].index_add_(0, i, grad)  # type: ignore[union-attr]
+        # steps >= 1: every total is set
+        attribution = tuple(d.to(acc).unsqueeze(1) * t for d, t in zip(diffs, totals, strict=True))
         self._check_completeness(attribution, at_x.scores, at_baseline.scores)
         targets = Targets(at_x.scores, at_x.indices, at_x.multi)
-        return attribution, targets
+        return (attribution[0] if tap is not None else attribution), targets
 
-    def _check_completeness(self, attribution: Tensor, fx: Tensor, fb: Tensor) -> None:
-        expected = fx.to(attribution.dtype) - fb.to(attribution.dtype)  # (N, K)
-        delta = attribution.flatten(2).sum(2) - expected
+    def _check_completeness(self, attribution: Tensor | tuple[Tensor, ...], fx: Tensor, fb: Tensor) -> None:
+        parts = as_tuple(attribution)
+        sums = sum(a.flatten(2).sum(2) for a in parts)  # (N, K), over all input tensors
+        expected = fx.to(sums.dtype) - fb.to(sums.dtype)  # (N, K)
+        delta = sums - expected
         self.last_delta = delta
         excess = delta.abs() - (0.01 * expected.abs() + 1e-8)
         if bool((excess > 0).any()):
@@ -467,7 +728,7 @@ class IntegratedGradients(Attribution):
             i, k = divmod(worst, rel.shape[1])
             where = f"input {i}" + (f", target column {k}" if rel.shape[1] > 1 else "")
             warnings.warn(
-                f"IntegratedGradients: attributions of {where} sum to {float(attribution[i, k].sum()):.4g} but "
+                f"IntegratedGradients: attributions of {where} sum to {float(sums[i, k]):.4g} but "
                 f"f(x) - f(baseline) = {float(expected[i, k]):.4g} (error {float(rel[i, k]):.1%} > 1%); increase "
                 f"steps (now {self.steps}, method={self.method!r}); see .last_delta",
                 stacklevel=6,

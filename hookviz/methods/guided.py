@@ -16,7 +16,8 @@ Other activations (ReLU6, LeakyReLU, GELU, SiLU, Hardswish) are left alone by de
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from ..hooks import HookManager
 from .base import register
 from .gradient import InputGradientAttribution
+from .scope import acting, current_call
 
 RELU_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU,)
 OTHER_ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Hardswish)
@@ -98,8 +100,9 @@ class _FunctionalActivations(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = RELU_FUNCTIONS.get(func) or OTHER_ACTIVATION_FUNCTIONS.get(func)
-        if name is None or self.owner.module_depth > 0:
-            # not an activation, or the activation module's own hooks deal with this call
+        if name is None or self.owner.module_depth > 0 or not acting(self.owner.call):
+            # not an activation, or the activation module's own hooks deal with this call, or the call comes from
+            # another hookviz call's forward pass nested inside this one
             return func(*args, **kwargs)
         return self.owner.functional_call(func, name, args, kwargs)
 
@@ -110,6 +113,8 @@ class _ReLURuleRun:
     def __init__(self, method: ReLURuleAttribution, hooks: HookManager) -> None:
         self.method = method
         self.hooks = hooks
+        self.call = current_call()  # the method's own call: its hooks act only while it is the innermost
+        self.in_forward = False
         self.module_depth = 0
         self.module_calls: Counter[str] = Counter()
         self.left_alone: Counter[str] = Counter()
@@ -120,30 +125,28 @@ class _ReLURuleRun:
     def covers(self, is_relu: bool) -> bool:
         return is_relu or self.method.activations == "all"
 
+    def acting(self) -> bool:
+        """Whether the hooks act now: inside this run's own forward pass, not a nested call's."""
+        return self.in_forward and acting(self.call)
+
     def place_hooks(self) -> None:
-        """Module hooks on activation modules, and the functional mode entered/exited around the root forward."""
-        model = self.method.model
+        """Module hooks on activation modules (acting only inside `forward_pass`); covered modules that work in
+        place run out of place while the hooks live when the rule needs the activation's input."""
         types = RELU_MODULES + OTHER_ACTIVATION_MODULES
-        mode = _FunctionalActivations(self)
-
-        def root_enter(module: nn.Module, args: tuple) -> None:
-            mode.__enter__()
-
-        def root_exit(module: nn.Module, args: tuple, output: Any) -> None:
-            # always_call: runs (with output None) when the forward raised too, so the mode never outlives it
-            mode.__exit__(None, None, None)
-            self.method._forward_done(self, failed=output is None)
-
-        self.hooks.forward_pre("", root_enter)
-        self.hooks.forward("", root_exit, always_call=True)
-        if not any(isinstance(m, types) for m in model.modules()):
+        modules = [m for m in self.method.model.modules() if isinstance(m, types)]
+        if not modules:
             return
+        if self.method.needs_input:
+            covered = [m for m in modules if self.covers(isinstance(m, RELU_MODULES))]
+            self.hooks.out_of_place(covered)  # restored (owner-counted) when the manager removes its hooks
 
-        def enter(module: nn.Module, args: tuple) -> Any:
-            self.module_depth += 1
-            return self.method._module_pre(module, args) if self.covers(isinstance(module, RELU_MODULES)) else None
+        def enter(module: nn.Module, args: tuple) -> None:
+            if self.acting():
+                self.module_depth += 1
 
         def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+            if not self.acting():
+                return None
             self.module_depth -= 1
             self.module_calls[name] += 1
             is_relu = isinstance(module, RELU_MODULES)
@@ -156,6 +159,20 @@ class _ReLURuleRun:
 
         self.hooks.forward_pre(types, enter)
         self.hooks.forward(types, leave, with_name=True, always_call=True)
+
+    @contextmanager
+    def forward_pass(self) -> Iterator[None]:
+        """The functional mode, entered around the forward pass in ``try/finally``: it never outlives the pass,
+        whatever ends it (a forward hook with ``always_call`` runs only for ``Exception``, not ``KeyboardInterrupt``).
+        A pass that completes without any ReLU call raises `ValueError` (see `ReLURuleAttribution`)."""
+        self.in_forward = True
+        try:
+            with _FunctionalActivations(self):
+                yield
+        finally:
+            self.in_forward = False
+            self.method.coverage = self.coverage()
+        self.method._forward_done(self)
 
     def functional_call(self, func: Callable[..., Any], name: str, args: tuple, kwargs: dict) -> Any:
         is_relu = func in RELU_FUNCTIONS
@@ -228,20 +245,16 @@ class ReLURuleAttribution(InputGradientAttribution):
         """Rewrite the backward of one activation call ``out = act(x)``; return the output to use (None: keep)."""
         raise NotImplementedError
 
-    def _module_pre(self, module: nn.Module, args: tuple) -> Any:
-        """Forward-pre hook of a covered activation module (None: change nothing)."""
-        return None
+    def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[None]:
+        run = _ReLURuleRun(self, hooks)
+        run.place_hooks()
+        return run.forward_pass()
 
-    def _place_hooks(self, hooks: HookManager) -> None:
-        _ReLURuleRun(self, hooks).place_hooks()
-
-    def _forward_done(self, run: _ReLURuleRun, failed: bool) -> None:
-        """Called when the model's forward ends: record the coverage; no ReLU at all is an error."""
-        self.coverage = run.coverage()
-        if failed:
-            return
-        if self.coverage.calls == 0 and not self.coverage.others_overridden:
-            alone = self.coverage.left_alone
+    def _forward_done(self, run: _ReLURuleRun) -> None:
+        """Called when the model's forward completes: no ReLU at all is an error."""
+        coverage = run.coverage()
+        if coverage.calls == 0 and not coverage.others_overridden:
+            alone = coverage.left_alone
             seen = f" (activations left alone: {', '.join(alone)})" if alone else ""
             raise ValueError(
                 f"{type(self).__name__} rewrites the gradient at ReLU calls, but no ReLU ran in the forward pass of "
@@ -288,23 +301,7 @@ class Deconvnet(ReLURuleAttribution):
     display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
     needs_input = True
 
-    def _module_pre(self, module: nn.Module, args: tuple) -> Any:
-        if getattr(module, "inplace", False):
-            self._restore_inplace.append(module)
-            module.inplace = False
-        return None
-
     def _rule(self, hooks: HookManager, x: Tensor, out: Tensor) -> Tensor | None:
         passthrough = x + (out - x).detach()
         hooks.tensor(passthrough, _clamp_positive)
         return passthrough
-
-    def _place_hooks(self, hooks: HookManager) -> None:
-        self._restore_inplace: list[nn.Module] = []
-        super()._place_hooks(hooks)
-
-    def _forward_done(self, run: _ReLURuleRun, failed: bool) -> None:
-        for module in self._restore_inplace:
-            module.inplace = True
-        self._restore_inplace.clear()
-        super()._forward_done(run, failed)

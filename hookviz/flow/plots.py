@@ -1,0 +1,152 @@
+"""GradientFlow's plots (matplotlib, imported only when a plot is drawn): the classic per-layer gradient bar chart, a
+layers x steps heatmap, and statistics over the steps; each is a `FlowStats` method that calls the function here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from .locate import _finite, _kind_of
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from .stats import FlowStats
+
+
+def plot_bars(
+    stats: FlowStats, step: int | None = None, *, level: Literal["module", "param"] = "module", ax: Axes | None = None
+) -> Figure:
+    """`FlowStats.plot_bars` (its docs say what is drawn)."""
+    r = stats.row(step)
+    if level == "module":
+        cols = stats._param_modules()
+        names = [stats.modules[j] for j in cols]
+        mx = stats.module_stats["grad_max_abs"][r, cols]
+        mean = stats.module_stats["grad_mean_abs"][r, cols]
+        has = stats.module_has_grad[r, cols]
+        recorded = stats.module_present["grad_max_abs"][r, cols]
+    elif level == "param":
+        names = list(stats.params)
+        mx = stats.param_stats["grad_max_abs"][r]
+        mean = stats.param_stats["grad_mean_abs"][r]
+        has = stats.param_has_grad[r]
+        recorded = stats.param_present["grad_max_abs"][r]
+    else:
+        raise ValueError(f"level must be 'module' or 'param', got {level!r}")
+    if has.any() and not recorded.any():
+        raise ValueError(
+            "mean and max |grad| were not recorded (GradientFlow(abs_stats=False)); plot the gradient norms with "
+            "plot_norms() or plot_heatmap() instead"
+        )
+    fig, ax = _figure_axes(ax, (max(6.0, 0.28 * len(names) + 2), 4.2))
+    x = np.arange(len(names))
+    ok = has & np.isfinite(mx) & np.isfinite(mean) & (mx > 0)
+    ax.bar(x[ok], mx[ok], width=0.8, color="tab:cyan", alpha=0.6, label="max |grad|")
+    ok_mean = ok & (mean > 0)
+    ax.bar(x[ok_mean], mean[ok_mean], width=0.8, color="tab:blue", alpha=0.9, label="mean |grad|")
+    ax.set_yscale("log")
+    positive = np.concatenate([mx[ok], mean[ok_mean]])
+    if positive.size:
+        ax.set_ylim(positive.min() / 3, positive.max() * 3)
+    labels = []
+    for i, name in enumerate(names):
+        label = name or "<model>"
+        if not has[i]:
+            label += " (no grad)"
+        elif not (_finite(mx[i]) and _finite(mean[i])):
+            label += f" ({_kind_of([mx[i], mean[i]])})"
+        elif mx[i] == 0:
+            label += " (0)"
+        labels.append(label)
+    ax.set_xticks(x, labels, rotation=90, fontsize=7)
+    for tick, i in zip(ax.get_xticklabels(), range(len(names)), strict=True):
+        if not has[i]:
+            tick.set_color("grey")
+        elif not (_finite(mx[i]) and _finite(mean[i])):
+            tick.set_color("red")
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylabel("|grad|")
+    ax.set_title(f"gradient flow at step {int(stats.steps[r])}")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_heatmap(
+    stats: FlowStats,
+    stat: str = "grad_norm",
+    *,
+    level: Literal["module", "param"] = "module",
+    ax: Axes | None = None,
+    log: bool = True,
+) -> Figure:
+    """`FlowStats.plot_heatmap` (its docs say what is drawn)."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    stats.row(None)
+    names, values = stats._matrix(stat, level)
+    fig, ax = _figure_axes(ax, (max(6.0, 0.05 * len(stats.steps) + 4), max(3.0, 0.18 * len(names) + 1.5)))
+    masked = np.ma.masked_invalid(values.T)
+    if log:
+        masked = np.ma.masked_less_equal(masked, 0)
+    finite = masked.compressed()
+    if finite.size:
+        lo, hi = float(finite.min()), float(finite.max())
+        norm = LogNorm(lo, hi if hi > lo else lo * 10) if log else Normalize(lo, hi if hi > lo else lo + 1)
+    else:
+        norm = None
+    steps = stats.steps
+    extent = (float(steps[0]) - 0.5, float(steps[-1]) + 0.5, len(names) - 0.5, -0.5)
+    image = ax.imshow(masked, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis", extent=extent)
+    ax.set_yticks(np.arange(len(names)), [n or "<model>" for n in names], fontsize=7)
+    ax.set_xlabel("step")
+    ax.set_title(f"{stat} per {level}")
+    fig.colorbar(image, ax=ax, label=stat)
+    fig.tight_layout()
+    return fig
+
+
+def plot_norms(
+    stats: FlowStats,
+    names: Sequence[str] | None = None,
+    stat: str = "grad_norm",
+    *,
+    level: Literal["module", "param"] = "module",
+    ax: Axes | None = None,
+    log: bool = True,
+) -> Figure:
+    """`FlowStats.plot_norms` (its docs say what is drawn)."""
+    stats.row(None)
+    all_names, values = stats._matrix(stat, level)
+    if names is None:
+        pool = [stats.modules[j] for j in stats._param_modules()] if level == "module" else list(stats.params)
+        pool = pool or all_names
+        picks = np.unique(np.linspace(0, len(pool) - 1, num=min(8, len(pool))).round().astype(int))
+        names = [pool[i] for i in picks]
+    fig, ax = _figure_axes(ax, (7.0, 4.0))
+    for name in names:
+        j = stats._index(all_names, name, level)
+        ax.plot(stats.steps, values[:, j], marker="." if len(stats.steps) < 50 else None, label=name or "<model>")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(stat)
+    ax.set_title(f"{stat} over steps")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _figure_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax  # type: ignore[return-value]
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    return fig, fig.add_subplot()

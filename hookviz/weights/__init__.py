@@ -1,0 +1,1 @@
+"""Weights shipped with hookviz (data, not code): see `hookviz.zoo`."""

@@ -1,0 +1,29 @@
+"""Every registered method with options that keep it cheap on tiny inputs (few samples, steps, masks, small windows).
+
+Shared by the test files that run every method in `hookviz.METHODS`, so a new method needs one entry here at most.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+import hookviz as hv
+
+CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
+    "smoothgrad": {"n": 3},
+    "vargrad": {"n": 3},
+    "integrated-gradients": {"steps": 4},
+    "occlusion": {"window": (2, 2)},
+    "rise": {"n_masks": 8, "cell": 2},
+}
+
+
+def cheap_method(name: str, model: nn.Module, **options: Any) -> hv.Attribution:
+    """The registered method `name` on `model`, with cheap options (overridden by `options`)."""
+    kwargs = {**CHEAP_OPTIONS.get(name, {}), **options}
+    if name in ("smoothgrad", "vargrad") and "generator" not in kwargs:
+        kwargs["generator"] = torch.Generator().manual_seed(0)
+    return hv.get_method(name)(model, **kwargs)
