@@ -250,8 +250,8 @@ def explain_tokens(
     if tokens.dim() != 2:
         raise ValueError(f"token ids must be an (N, T) tensor, got shape {tuple(tokens.shape)}")
     _check_vocab(vocab)
-    x, kwargs, _ = method._call_args(tokens, additional_forward_args)
-    attribution, targets = method._explain(x, target, **kwargs)
+    extra = additional_forward_args
+    attribution, targets = method.attribute_with_targets(tokens, target, additional_forward_args=extra)
     return TokenExplanation(
         attribution=attribution.detach(),
         tokens=tokens.detach().cpu(),

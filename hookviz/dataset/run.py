@@ -506,7 +506,7 @@ def _compute(
                 )
             x = x.to(device, non_blocking=True)
             tgt = _labels(labels, a, b) if spec["kind"] == "label" else target
-            attribution, targets = method._explain(method._check_inputs(x), tgt)
+            attribution, targets = method.attribute_with_targets(x, tgt)
             shape = list(attribution.shape[1:])
             if map_shape is None:
                 map_shape = shape

@@ -96,9 +96,20 @@ class Attribution:
         ``model(*inputs, *additional_forward_args)``, and return a tuple of attributions shaped like them;
         `additional_forward_args` (one argument or a tuple) are passed on to ``forward`` but not attributed.
         """
+        return self.attribute_with_targets(inputs, target, additional_forward_args=additional_forward_args)[0]
+
+    def attribute_with_targets(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        additional_forward_args: Any = None,
+    ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
+        """`attribute`, and the resolved targets: ``.indices`` (N, K) classes (None for a callable target) and
+        ``.scores`` (N, K), from the same forward pass (what the data-set runner stores and the metrics reuse)."""
         x, kwargs, single = self._call_args(inputs, additional_forward_args)
-        attribution = self._explain(x, target, **kwargs)[0]
-        return attribution[0] if single and isinstance(attribution, tuple) else attribution
+        attribution, targets = self._explain(x, target, **kwargs)
+        return (attribution[0] if single and isinstance(attribution, tuple) else attribution), targets
 
     def visualize(
         self,

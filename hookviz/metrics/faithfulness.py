@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, TypeAlias, overload
+from typing import Literal, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -181,30 +181,6 @@ def auc(curves: Tensor) -> Tensor:
     return torch.trapezoid(curves, dim=1) / (curves.shape[1] - 1)
 
 
-@overload
-def deletion(
-    model: nn.Module,
-    images: Tensor,
-    attributions: Tensor,
-    target: CurveTarget = ...,
-    *,
-    steps: int = ...,
-    baseline: Baseline = ...,
-    batch_size: int = ...,
-    return_curves: Literal[False] = ...,
-) -> Tensor: ...
-@overload
-def deletion(
-    model: nn.Module,
-    images: Tensor,
-    attributions: Tensor,
-    target: CurveTarget = ...,
-    *,
-    steps: int = ...,
-    baseline: Baseline = ...,
-    batch_size: int = ...,
-    return_curves: Literal[True],
-) -> tuple[Tensor, Tensor]: ...
 def deletion(
     model: nn.Module,
     images: Tensor,
@@ -244,30 +220,6 @@ def deletion(
     return (auc(curves), curves) if return_curves else auc(curves)
 
 
-@overload
-def insertion(
-    model: nn.Module,
-    images: Tensor,
-    attributions: Tensor,
-    target: CurveTarget = ...,
-    *,
-    steps: int = ...,
-    baseline: Baseline = ...,
-    batch_size: int = ...,
-    return_curves: Literal[False] = ...,
-) -> Tensor: ...
-@overload
-def insertion(
-    model: nn.Module,
-    images: Tensor,
-    attributions: Tensor,
-    target: CurveTarget = ...,
-    *,
-    steps: int = ...,
-    baseline: Baseline = ...,
-    batch_size: int = ...,
-    return_curves: Literal[True],
-) -> tuple[Tensor, Tensor]: ...
 def insertion(
     model: nn.Module,
     images: Tensor,

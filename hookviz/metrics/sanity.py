@@ -198,7 +198,7 @@ def sanity_check(
     if order not in ("cascade", "independent"):
         raise ValueError(f"order must be 'cascade' or 'independent', got {order!r}")
     seed = check_int("seed", seed, 0, "the randomisation seed")
-    x = method._check_inputs(images)
+    x = method._check_inputs(images)  # errors before any work; attribute_with_targets checks it again (cheap)
     if check_target(target, x.shape[0]).multi:
         raise ValueError("target must give one class per input for sanity_check, got an (N, K) target")
     resettable = [name for name, m in method.model.named_modules() if hasattr(m, "reset_parameters")]
@@ -208,7 +208,7 @@ def sanity_check(
             "reset_parameters(); the randomisation test needs layers it can re-initialise"
         )
     with _forked_rng() as cuda:
-        reference, targets = method._explain(x, target)
+        reference, targets = method.attribute_with_targets(x, target)
         fixed: Any = targets.indices[:, 0] if targets.indices is not None else target
         ref = _flat_abs(reference)
         twin = copy.deepcopy(method)  # module references inside the method map to the copy's modules
@@ -224,7 +224,7 @@ def sanity_check(
             else:
                 torch.random.default_generator.manual_seed(seed + 1)
             module.reset_parameters()
-            rows.append(spearman(ref, _flat_abs(twin._explain(x, fixed)[0])))
+            rows.append(spearman(ref, _flat_abs(twin.attribute_with_targets(x, fixed)[0])))
     return SanityReport(
         method=type(method).__name__,
         layers=[name for name, _ in modules],
