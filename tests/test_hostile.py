@@ -119,7 +119,8 @@ ROWS: list[Row] = [
     ("attribute-list", lambda e: hv.Saliency(e.model).attribute([1, 2]), TypeError,
      r"inputs: attribute\(\) takes a batch tensor \(N, \.\.\.\), got list; use visualize\(\)"),
     ("attribute-uint8", lambda e: hv.Saliency(e.model).attribute((e.x * 255).to(torch.uint8)), TypeError,
-     r"inputs must be a floating-point tensor, got torch.uint8; convert with x.float\(\) / 255"),
+     r"inputs is an integer tensor \(torch.uint8\); Saliency differentiates its inputs, so they must be "
+     r"floating-point \(images: x.float\(\) / 255\)"),
     ("attribute-5d", lambda e: hv.GuidedBackprop(e.model).attribute(e.x[:, :, None]), ValueError,
      r"inputs have shape \(2, 3, 1, 8, 8\) \(5-D\) but the model's first convolution 'conv' \(Conv2d\) takes 4-D"),
     ("attribute-unbatched", lambda e: hv.GradCAM(e.model).attribute(e.x[0]), ValueError,
@@ -179,7 +180,7 @@ ROWS: list[Row] = [
     ("ig-method", lambda e: hv.IntegratedGradients(e.model, method="simpson"), ValueError,
      r"method must be one of 'riemann_left', .*; got 'simpson'"),
     ("ig-baseline-type", lambda e: hv.IntegratedGradients(e.model, baseline="zeros"), TypeError,
-     r"baseline must be None \(zeros\), a number \(a constant image\) or a tensor .* got str"),
+     r"baseline must be None \(zeros\), a number \(a constant image\), a tensor .* got str"),
     ("ig-baseline-nan", lambda e: hv.IntegratedGradients(e.model, baseline=float("nan")), ValueError,
      r"baseline must be a finite number \(a constant image\), got nan"),
     ("ig-baseline-shape", lambda e: hv.IntegratedGradients(e.model, baseline=torch.zeros(5, 5)).attribute(e.x),
@@ -187,7 +188,7 @@ ROWS: list[Row] = [
     ("smoothgrad-sigma", lambda e: hv.SmoothGrad(e.model, sigma=-1), ValueError,
      r"sigma must be a finite number >= 0 \(a fraction of the input range\), got -1"),
     ("smoothgrad-class", lambda e: hv.SmoothGrad(hv.Saliency), TypeError,
-     r"method must be an instance of an input-gradient method, got the class Saliency; pass e.g. "
+     r"method must be an instance of an attribution method, got the class Saliency; pass e.g. "
      r"SmoothGrad\(Saliency\(model\)\)"),
     # -- visualize() and load_images -----------------------------------------------------------------------------------
     ("visualize-preset", lambda e: hv.Saliency(e.model).visualize(e.image, preprocess="imagenett"), ValueError,
