@@ -83,7 +83,12 @@ OPTIONS = {
     "smoothgrad": lambda m, arch, ev: hv.SmoothGrad(
         hv.Saliency(m, eval_mode=ev), n=2, generator=torch.Generator().manual_seed(0)
     ),
+    "vargrad": lambda m, arch, ev: hv.VarGrad(
+        hv.Saliency(m, eval_mode=ev), n=2, generator=torch.Generator().manual_seed(0)
+    ),
     "scorecam": lambda m, arch, ev: hv.ScoreCAM(m, layer=SMALL_LAYER[arch], batch_size=256, eval_mode=ev),
+    "occlusion": lambda m, arch, ev: hv.Occlusion(m, window=(16, 16), eval_mode=ev),
+    "rise": lambda m, arch, ev: hv.RISE(m, n_masks=8, cell=4, eval_mode=ev),
 }
 SCENARIOS = ("normal", "target-out-of-range", "error-mid-forward", "interrupt-mid-forward")
 
