@@ -26,8 +26,8 @@ torchvision models with ``weights=None`` (seed 0) in eval mode. What each librar
 Every library gets its own deep copy of the model (pytorch-grad-cam's Guided Backprop replaces the ReLU modules of
 the model it is given; torch-cam keeps hooks on it while the extractor lives). Times: one warm-up call per row, then
 the rows of a group (model, method, N) timed round-robin, ``--repeats`` times, median in ms. Peak memory of one call
-is measured in a fresh process per row: RSS growth (``ru_maxrss``) on the CPU, ``torch.cuda.max_memory_allocated``
-above the allocation before the call on a GPU.
+is measured in a fresh process per row: on the CPU the peak RSS (``VmHWM``, reset just before the call) above the
+resident memory just before it, on a GPU ``torch.cuda.max_memory_allocated`` above the allocation before the call.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -177,10 +176,26 @@ def child(args: argparse.Namespace) -> None:
         sync(device)
         peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
     else:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # the peak RSS of this process during the call above its resident memory just before it; not ru_maxrss,
+        # which Linux carries over exec from the parent (the benchmark's own, large, process)
+        before = _reset_peak_kib()
         fn(x)
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is in KiB on Linux
+        peak = max(0.0, (_status_kib("VmHWM") - before) / 1024)
     print(json.dumps({"peak_mib": peak}))
+
+
+def _status_kib(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS, VmHWM), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_kib() -> float:
+    """Reset the peak RSS (VmHWM) to the resident memory now (Linux >= 4.0) and return that, in KiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS")
 
 
 def peak_in_fresh_process(lib: str, method: str, model: str, n: int, args: argparse.Namespace) -> float | None:
