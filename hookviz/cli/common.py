@@ -12,7 +12,7 @@ class UsageError(Exception):
 
 
 def _parse_methods(spec: str, flag: str = "--method") -> list[str]:
-    from .methods import METHODS
+    from ..methods import METHODS
 
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:

@@ -39,7 +39,7 @@ class _FolderTransform:
     def __call__(self, image: Any) -> torch.Tensor:
         from torchvision.transforms.functional import to_tensor
 
-        from .inputs import Preset
+        from ..inputs import Preset
 
         if isinstance(self.preprocess, Preset):
             return self.preprocess.normalize(self.preprocess.geometry(to_tensor(image.convert("RGB"))))
@@ -47,7 +47,7 @@ class _FolderTransform:
 
 
 def _shapes_zoo(what: str) -> Any:
-    from . import zoo
+    from .. import zoo
 
     if not hasattr(zoo, what):
         raise UsageError(f"--data shapes:N needs hookviz.zoo.{what}, which this hookviz version does not have")
@@ -71,8 +71,8 @@ def _dataset_target(spec: str | None) -> Any:
 def _explain_dataset(args: argparse.Namespace) -> int:
     import time
 
-    from .dataset import explain_dataset
-    from .methods import METHODS
+    from ..dataset import explain_dataset
+    from ..methods import METHODS
 
     if "," in args.method:
         raise UsageError(f"--method: explain-dataset takes one method, got {args.method!r}")

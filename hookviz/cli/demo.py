@@ -27,12 +27,12 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import GradCAM, GuidedBackprop, GuidedGradCAM
-    from .figures import SAVE_FORMATS, grid, save_figure
-    from .inputs import Preset
-    from .methods import get_method
-    from .metrics import pointing_game
-    from .zoo import shapes, shapes_model
+    from .. import GradCAM, GuidedBackprop, GuidedGradCAM
+    from ..figures import SAVE_FORMATS, grid, save_figure
+    from ..inputs import Preset
+    from ..methods import get_method
+    from ..metrics import pointing_game
+    from ..zoo import shapes, shapes_model
 
     if Path(args.out).suffix.lower() not in SAVE_FORMATS:  # checked before the work, not after it
         raise UsageError(f"--out: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; got {args.out!r}")

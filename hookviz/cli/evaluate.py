@@ -69,10 +69,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     import inspect
     import warnings
 
-    from .figures import SAVE_FORMATS
-    from .methods import get_method
-    from .metrics import Evaluation, SanityReport, evaluate, sanity_check
-    from .zoo import shapes, shapes_model
+    from ..figures import SAVE_FORMATS
+    from ..methods import get_method
+    from ..metrics import Evaluation, SanityReport, evaluate, sanity_check
+    from ..zoo import shapes, shapes_model
 
     names = _parse_methods(args.methods, "--methods")
     n = _parse_data(args.data)
@@ -174,7 +174,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                 from cycler import cycler
                 from matplotlib.figure import Figure
 
-                from .figures import save_figure
+                from ..figures import save_figure
 
                 ax = Figure(figsize=(9.0, 4.4)).subplots()
                 # up to 20 methods with their own colour; line styles keep coinciding curves apart

@@ -25,7 +25,7 @@ STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
 def _preset(size: int) -> Any:
-    from .inputs import Preset
+    from ..inputs import Preset
 
     return Preset(f"cli-{size}", size, size, IMAGENET_MEAN, IMAGENET_STD)
 
