@@ -1,0 +1,7 @@
+"""``python -m hookviz.cli``: the ``hookviz`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

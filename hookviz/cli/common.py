@@ -1,0 +1,34 @@
+"""What every ``hookviz`` command shares: the one-line usage error and the checks of method names and image files."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A mistake on the command line: reported as one line, exit code 2."""
+
+
+def _parse_methods(spec: str, flag: str = "--method") -> list[str]:
+    from ..methods import METHODS
+
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise UsageError(f"{flag}: expected a method name or comma-separated names, got {spec!r}")
+    for name in names:
+        if name not in METHODS:
+            close = difflib.get_close_matches(name, list(METHODS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"unknown method {name!r}; {hint}available: {', '.join(sorted(METHODS))}")
+    return names
+
+
+def _check_images(paths: Sequence[str]) -> None:
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            raise UsageError(f"{p!r} is a directory; pass image files")
+        if not path.exists():
+            raise UsageError(f"no such image file {p!r}")

@@ -1,0 +1,214 @@
+"""``hookviz evaluate``: a methods x metrics table on fresh shapes images, with an optional sanity-check figure."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .common import UsageError, _parse_methods
+from .models import IMAGENET_MEAN, IMAGENET_STD, _load_model
+
+EVALUATE_METHODS = (
+    "saliency,input-x-gradient,integrated-gradients,smoothgrad,guided-backprop,deconvnet,gradcam,gradcam++,"
+    "layercam,xgradcam,hirescam,scorecam,guided-gradcam"
+)
+
+
+EVALUATE_DESCRIPTION = """\
+Evaluate attribution methods on fresh images of hookviz's shapes data set, which come with object masks, and print
+a markdown table: one row per method; columns: the pointing game and the energy in the mask (localisation), RISE's
+deletion and insertion AUC (faithfulness: zeros and a blurred image as baselines) and the Spearman correlation
+between the maps of the model and of the model with all its weights randomised (the sanity check of Adebayo et al.;
+low is good: maps that survive randomisation do not explain the model). See hookviz.metrics for the conventions.
+
+models:
+  shapes                      the embedded shapes CNN (default), trained on the shapes data set
+  torchvision:NAME[:WEIGHTS], torchvision:NAME --weights FILE.pt, PATH.pt
+                              as for `hookviz explain` (see `hookviz explain --help`): images in [0, 1] are then
+                              normalised with the weights' or the ImageNet mean and std (--normalize none: as they
+                              are); the labels are classes 0..7 of the shapes data set, so such a model should have
+                              been trained on it
+
+example:
+  hookviz evaluate --methods gradcam,guided-backprop --data shapes:500 --steps 50 --out table.md
+"""
+
+
+class _Normalized(nn.Module):
+    """(x - mean) / std in front of a model, so that the metrics perturb images in [0, 1]."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(list(mean)).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(list(std)).view(1, -1, 1, 1), persistent=False)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.model((x - self.mean) / self.std)
+
+
+def _parse_data(spec: str) -> int:
+    name, _, count = spec.partition(":")
+    try:
+        n = int(count)
+    except ValueError:
+        n = -1
+    if name != "shapes" or n < 1:
+        raise UsageError(f"--data: expected shapes:N with N >= 1 images (e.g. shapes:500), got {spec!r}")
+    return n
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import dataclasses
+    import inspect
+    import warnings
+
+    from ..figures import SAVE_FORMATS
+    from ..methods import get_method
+    from ..metrics import Evaluation, SanityReport, evaluate, sanity_check
+    from ..zoo import shapes, shapes_model
+
+    names = _parse_methods(args.methods, "--methods")
+    n = _parse_data(args.data)
+    for flag, value, low in (
+        ("--steps", args.steps, 1),
+        ("--sanity-n", args.sanity_n, 0),
+        ("--batch-size", args.batch_size, 1),
+    ):
+        if value < low:
+            raise UsageError(f"{flag}: expected an integer >= {low}, got {value}")
+    if args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    if not args.tolerance >= 0:
+        raise UsageError(f"--tolerance: expected a distance in pixels >= 0, got {args.tolerance}")
+    if args.sanity_figure is not None:
+        if Path(args.sanity_figure).suffix.lower() not in SAVE_FORMATS:
+            raise UsageError(
+                f"--sanity-figure: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; "
+                f"got {args.sanity_figure!r}"
+            )
+        if args.sanity_n == 0:
+            raise UsageError("--sanity-figure needs --sanity-n >= 1 images")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+
+    data = shapes(n, seed=args.seed)
+    if args.model == "shapes":
+        if args.weights is not None:
+            raise UsageError("--weights applies to --model torchvision:NAME; the shapes model carries its own weights")
+        model: nn.Module = shapes_model()
+        mean = std = None
+        if args.normalize == "imagenet":
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        described = "the embedded shapes CNN"
+    else:
+        args.size = data.images.shape[-1]
+        model, preprocess, _, note = _load_model(args)
+        if note.startswith("note:"):
+            print(note, file=sys.stderr)
+        mean, std = getattr(preprocess, "mean", None), getattr(preprocess, "std", None)
+        if args.normalize == "none":
+            mean = std = None
+        described = args.model
+    if mean is not None and std is not None:
+        model = _Normalized(model, mean, std)
+    model = model.to(device).eval()
+
+    torch.manual_seed(args.seed)  # SmoothGrad's noise: the same table from the same command
+    methods = []
+    for name in names:
+        cls = get_method(name)
+        # methods that multiply the batch (IG's steps, SmoothGrad's noisy copies, Score-CAM's masks) run in chunks of
+        # --batch-size rows too: 64 images x 50 steps in one backward pass would need several GB
+        takes_batch = "batch_size" in inspect.signature(cls).parameters
+        methods.append(cls(model, batch_size=args.batch_size) if takes_batch else cls(model))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = evaluate(
+            methods,
+            model,
+            data,
+            target=args.target,
+            steps=args.steps,
+            tolerance=args.tolerance,
+            sanity_n=0,  # below, so that the curves can be drawn as well
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=sys.stderr.isatty(),
+        )
+        if args.sanity_n > 0:
+            # as evaluate does: the same method instances, the first sanity_n images, the same targets
+            k = min(args.sanity_n, n)
+            x = data.images[:k].to(device)
+            if args.target == "label":
+                t = data.labels[:k].to(device)
+            else:
+                with torch.no_grad():
+                    t = model(x).argmax(dim=1)
+            reports = [
+                dataclasses.replace(sanity_check(m, x, t, seed=args.seed), method=name)
+                for name, m in zip(names, methods, strict=True)
+            ]
+            final = torch.stack([r.final.nanmean() for r in reports])
+            result = Evaluation(
+                result.methods,
+                [*result.metrics, "sanity ρ"],
+                torch.cat([result.table, final[:, None]], dim=1),
+                {
+                    name: {**result.scores[name], "sanity ρ": r.final}
+                    for name, r in zip(result.methods, reports, strict=True)
+                },
+                n=result.n,
+                steps=result.steps,
+            )
+            if args.sanity_figure is not None:
+                import matplotlib as mpl
+                from cycler import cycler
+                from matplotlib.figure import Figure
+
+                from ..figures import save_figure
+
+                ax = Figure(figsize=(9.0, 4.4)).subplots()
+                # up to 20 methods with their own colour; line styles keep coinciding curves apart
+                colours = mpl.colormaps["tab20"].colors
+                styles = ["-", "--", "-.", ":"]
+                ax.set_prop_cycle(
+                    cycler(color=[colours[(2 * i) % 20 + (2 * i) // 20 % 2] for i in range(len(reports))])
+                    + cycler(linestyle=[styles[i % 4] for i in range(len(reports))])
+                )
+                fig = SanityReport.plot_many(reports, ax, band=False)
+                ax.set_title(f"sanity check (model randomisation): {described}, {k} shapes images", fontsize=10)
+                ax.set_ylim(min(-0.3, float(torch.stack([r.mean for r in reports]).nan_to_num(0).min()) - 0.05), 1.05)
+                ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+                fig.tight_layout()
+                path = save_figure(fig, args.sanity_figure)
+                print(f"wrote {path.resolve()}", file=sys.stderr)
+    if caught:
+        print(f"note: {len(caught)} warning(s) during the evaluation; the first: {caught[0].message}", file=sys.stderr)
+
+    table = result.to_markdown()
+    k = min(args.sanity_n, n)
+    sanity = f", sanity check on {k} image{'s' if k > 1 else ''} (cascading randomisation)" if k else ""
+    classes = "true" if args.target == "label" else "predicted"
+    tolerance = f" (pointing game within {args.tolerance:g} pixels)" if args.tolerance else ""
+    caption = (
+        f"{described}, {n} fresh shapes images (seed {args.seed}), explaining the {classes} classes{tolerance}; "
+        f"deletion (zeros) and insertion (blur) with {args.steps} steps{sanity}."
+    )
+    print(table)
+    print()
+    print(caption)
+    if args.out is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
+        print(f"wrote {out.resolve()}", file=sys.stderr)
+    return 0

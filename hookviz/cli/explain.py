@@ -1,0 +1,125 @@
+"""``hookviz explain``: image files explained with one or more methods, written as one grid figure."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import UsageError, _check_images, _parse_methods
+from .models import _load_model
+
+EXPLAIN_DESCRIPTION = """\
+Explain images with one or more attribution methods and write one figure: a row per image, a column per method
+(or, with one method and several targets, a column per target), the inputs first.
+
+models:
+  torchvision:NAME            a torchvision classification model with RANDOM weights (weights=None, seed 0): the
+                              maps show the mechanics, not learned evidence
+  torchvision:NAME:WEIGHTS    with a torchvision weights enum member (e.g. torchvision:resnet18:IMAGENET1K_V1 or
+                              :DEFAULT), downloaded by torchvision on first use; preprocessing and class names then
+                              come from the weights (transforms(), meta["categories"])
+  torchvision:NAME --weights FILE.pt
+                              a local state_dict loaded into the torchvision architecture (a different number of
+                              classes in the final layer is taken from the file)
+  PATH.pt                     a whole model saved with torch.save(model), loaded safely with
+                              torch.load(weights_only=True): no code from the file runs, so only models built from
+                              torch.nn and torchvision classes load (any torchvision model, nn.Sequential of nn
+                              layers); for a state_dict use --weights. A model of your own classes needs
+                              --trust-pickle: full unpickling, which can execute arbitrary code from the file, so only
+                              for files you trust (the classes must be importable). A TorchScript file
+                              (torch.jit.save) is loaded with torch.jit.load; TorchScript modules take no hooks, so
+                              only the gradient and perturbation methods work (saliency, input-x-gradient,
+                              integrated-gradients, smoothgrad, occlusion, rise).
+  Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
+  with the ImageNet mean and std.
+
+example:
+  hookviz explain cat.jpg dog.jpg --model torchvision:resnet18:DEFAULT --method guided-backprop,gradcam --out fig.pdf
+"""
+
+
+def _parse_target(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    parts = [p.strip() for p in spec.split(",")]
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        raise UsageError(
+            f"--target: expected a class index or comma-separated class indices such as 3 or 3,7, got {spec!r}"
+        ) from None
+    negative = [i for i in ids if i < 0]
+    if negative:
+        raise UsageError(f"--target: class indices are >= 0, got {negative[0]}")
+    return ids
+
+
+def _read_labels(path: str) -> list[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"--labels: no such file {path!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--labels: cannot read {path!r} as UTF-8 text ({exc})") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise UsageError(f"--labels: {path!r} is empty; expected one class name per line")
+    return [line.strip() for line in lines]
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ..figures import SAVE_FORMATS, grid, save_figure
+
+    methods = _parse_methods(args.method)
+    target_ids = _parse_target(args.target)
+    _check_images(args.images)
+    out = Path(args.out)
+    if out.suffix.lower() not in SAVE_FORMATS:
+        raise UsageError(f"--out: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; got {str(out)!r}")
+    if args.size is not None and args.size < 16:
+        raise UsageError(f"--size: expected at least 16 pixels, got {args.size}")
+    if args.dpi <= 0:
+        raise UsageError(f"--dpi: expected a positive number, got {args.dpi}")
+    labels = _read_labels(args.labels) if args.labels else None
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+
+    model, preprocess, weight_labels, note = _load_model(args)
+    model = model.to(device).eval()
+    if note.startswith("note:"):
+        print(note)
+    n = len(args.images)
+    if target_ids is None or len(target_ids) == 1:
+        targets: Any = None if target_ids is None else target_ids[0]
+    else:  # K targets for every image: one forward pass, K columns per method
+        targets = torch.tensor([target_ids] * n)
+    try:
+        fig = grid(
+            list(args.images),
+            methods,
+            model=model,
+            targets=targets,
+            labels=labels if labels is not None else weight_labels,
+            preprocess=preprocess,
+            scale=args.scale,
+            colorbar=args.colorbar,
+            overlay={"auto": "auto", "on": True, "off": False}[args.overlay],
+            dpi=args.dpi,
+            title=args.title,
+        )
+    except RuntimeError as exc:
+        if "not supported on ScriptModules" in str(exc):
+            raise UsageError(
+                f"{', '.join(methods)}: a TorchScript model takes no hooks; use saliency, input-x-gradient, "
+                "integrated-gradients, smoothgrad, occlusion or rise, or a pickled model (torch.save(model))"
+            ) from None
+        raise
+    path = save_figure(fig, out)
+    print(f"wrote {path.resolve()}")
+    return 0
