@@ -12,8 +12,9 @@ from torch import nn
 from torchvision import models
 
 from hookviz.methods.base import get_method
-from hookviz.methods.gradient import InputXGradient, IntegratedGradients, Saliency, SmoothGrad, ig_nodes
+from hookviz.methods.gradient import InputXGradient, IntegratedGradients, Saliency, ig_nodes
 from hookviz.methods.guided import GuidedBackprop
+from hookviz.methods.noise import SmoothGrad
 
 captum_attr = pytest.importorskip("captum.attr")
 

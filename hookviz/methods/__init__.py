@@ -17,10 +17,9 @@ from .gradient import (
     InputXGradient,
     IntegratedGradients,
     Saliency,
-    SmoothGrad,
-    VarGrad,
 )
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
+from .noise import SmoothGrad, VarGrad
 from .perturbation import RISE, Occlusion, PerturbationAttribution
 
 __all__ = [

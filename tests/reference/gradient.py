@@ -2,7 +2,7 @@
 
 Each reference works on a float64 copy of the model (`double_copy`), loops over inputs, targets, noise samples and
 path steps in Python, and differentiates one scalar at a time with `torch.autograd.grad`: nothing is batched, so
-nothing can be mixed up between rows. They share no code with `hookviz.methods.gradient`.
+nothing can be mixed up between rows. They share no code with `hookviz.methods.gradient` or `hookviz.methods.noise`.
 """
 
 from __future__ import annotations
