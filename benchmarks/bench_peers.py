@@ -37,7 +37,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from typing import Any
 
 import torch
 import torchvision
+from bench_attribution import cpu_name  # the same CPU label in both reports
 from torch import nn
 
 import hookviz as hv
@@ -265,16 +265,6 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     write_results(args, rows, device, load_start, time.perf_counter() - started)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def write_results(args: argparse.Namespace, rows: list[dict], device: torch.device, load: float, secs: float) -> None:

@@ -6,9 +6,19 @@ import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 
 class UsageError(Exception):
     """A mistake on the command line: reported as one line, exit code 2."""
+
+
+def _parse_device(spec: str) -> torch.device:
+    """``--device`` as a torch device, or a `UsageError`."""
+    try:
+        return torch.device(spec)
+    except RuntimeError:
+        raise UsageError(f"--device: {spec!r} is not a device; use cpu, cuda or cuda:0") from None
 
 
 def _parse_methods(spec: str, flag: str = "--method") -> list[str]:

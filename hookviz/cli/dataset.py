@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .common import UsageError, _parse_methods
+from .common import UsageError, _parse_device, _parse_methods
 from .models import _load_model
 
 EXPLAIN_DATASET_DESCRIPTION = """\
@@ -78,10 +78,7 @@ def _explain_dataset(args: argparse.Namespace) -> int:
         raise UsageError(f"--method: explain-dataset takes one method, got {args.method!r}")
     (name,) = _parse_methods(args.method)
     target = _dataset_target(args.target)
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+    device = _parse_device(args.device)
     if args.data.startswith("shapes:"):
         try:
             n = int(args.data.split(":", 1)[1])

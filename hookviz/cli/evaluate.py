@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .common import UsageError, _parse_methods
+from .common import UsageError, _parse_device, _parse_methods
 from .models import IMAGENET_MEAN, IMAGENET_STD, _load_model
 
 EVALUATE_METHODS = (
@@ -95,10 +95,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             )
         if args.sanity_n == 0:
             raise UsageError("--sanity-figure needs --sanity-n >= 1 images")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+    device = _parse_device(args.device)
 
     data = shapes(n, seed=args.seed)
     if args.model == "shapes":

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .common import UsageError, _check_images, _parse_methods
+from .common import UsageError, _check_images, _parse_device, _parse_methods
 from .models import _load_model
 
 EXPLAIN_DESCRIPTION = """\
@@ -85,10 +85,7 @@ def _explain(args: argparse.Namespace) -> int:
     if args.dpi <= 0:
         raise UsageError(f"--dpi: expected a positive number, got {args.dpi}")
     labels = _read_labels(args.labels) if args.labels else None
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"--device: {args.device!r} is not a device; use cpu, cuda or cuda:0") from None
+    device = _parse_device(args.device)
 
     model, preprocess, weight_labels, note = _load_model(args)
     model = model.to(device).eval()
