@@ -10,8 +10,8 @@ from .cam import (
     LayerCAM,
     ScoreCAM,
     XGradCAM,
-    choose_layer,
 )
+from .cam_layer import choose_layer
 from .gradient import (
     InputGradientAttribution,
     InputXGradient,

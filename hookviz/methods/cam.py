@@ -3,9 +3,7 @@ Guided Grad-CAM), on convolutional maps and on the tokens of vision transformers
 
 from __future__ import annotations
 
-import math
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -13,139 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..hooks import HookError, HookManager, select_modules
+from ..hooks import HookError, HookManager
+from ..layouts import Layout, LayoutSpec, check_layout, resolve_layout
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
+from .cam_layer import choose_layer, resolve_layer
 from .forward import ForwardArgs, as_tuple
 from .guided import GuidedBackprop
-from .scope import acting, active_call, current_call
+from .scope import acting, current_call
 
 # (N, T, D) tokens -> (N, D, h, w); also applied to the gradients, so it must only rearrange
 Reshape: TypeAlias = "tuple[int, int] | Callable[[Tensor], Tensor] | None"
-
-# Modules whose output is never a useful CAM layer: pooling (adaptive pooling may even upsample: VGG's
-# AdaptiveAvgPool2d((7, 7)) on a 2x2 map), and modules that pass their input through.
-_NOT_CAM_LAYERS = (
-    nn.MaxPool2d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool2d,
-    nn.AdaptiveMaxPool2d,
-    nn.Dropout,
-    nn.Dropout2d,
-    nn.Identity,
-    nn.Flatten,
-)
-_MAX_PREFIX_TOKENS = 8  # class, distillation and register tokens tried when folding tokens into a grid
-
-
-def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
-    """(name, module) for a CAM layer given as a dotted name or a module instance of `model`."""
-    if isinstance(layer, str) and any(c in layer for c in "*?["):
-        raise ValueError(f"layer must name one module, got the glob {layer!r}")
-    if not isinstance(layer, str | nn.Module):
-        raise TypeError(
-            f"layer must be a dotted module name, a module of the model, or None; got {type(layer).__name__}"
-        )
-    try:
-        return select_modules(model, layer)[0]
-    except ValueError as exc:
-        raise ValueError(f"layer: {exc}") from None
-
-
-def _is_attention(module: nn.Module) -> bool:
-    return isinstance(module, nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
-
-
-def choose_layer(
-    model: nn.Module, x: Tensor | tuple[Tensor, ...], forward_args: ForwardArgs | None = None
-) -> tuple[str, nn.Module]:
-    """The CAM layer of `model` for inputs like `x`: the last convolutional map, or the last attention block's input.
-
-    Convolutional maps: the last module, in order of completion, whose output is a 4-D (N, C, h, w) map with more
-    than one pixel. Pooling layers (and containers whose output is a pooling layer's output) and pass-through
-    modules are skipped, so this finds ``layer4`` in a ResNet, ``features`` in DenseNet / MobileNet / EfficientNet /
-    ConvNeXt, and the last ReLU of ``features`` in VGG / AlexNet (whose ``features`` end in a max pool).
-
-    Tokens: when a LayerNorm whose (N, T, D) output feeds a self-attention module runs after the last such map (a
-    vision transformer, whose patch embedding is the only 4-D map), the LayerNorm feeding the last self-attention
-    is chosen (torchvision ``VisionTransformer``: ``encoder.layers.encoder_layer_{L-1}.ln_1``). Not the final
-    ``encoder.ln``: only the class token goes on from there to the head, so the gradient at every patch token is
-    zero there and every map would be empty; before the last attention, the patch tokens still reach the class
-    token. Attention modules are ``nn.MultiheadAttention`` and modules whose class name contains "Attention".
-
-    The probe is one forward pass of `x` as given (the whole batch: what the explained forward pass sees, so a
-    layout the model rejects fails as the model's own forward does, with a note), without gradients and with every
-    module in eval mode, so the choice depends neither on the batch nor on the model's modes, and BatchNorm
-    statistics are left alone; the modes are restored afterwards. The probe is an active call (`scope`): hooks of
-    an enclosing hookviz call do not act on it.
-    """
-    records: list[tuple[int, str, nn.Module]] = []  # 4-D maps, with their completion order
-    pooled: dict[int, weakref.ref[Tensor]] = {}  # outputs of pooling / pass-through modules, by id
-    norms: dict[int, tuple[int, str, nn.Module, weakref.ref[Tensor]]] = {}  # LayerNorms with a 3-D output, by id
-    attention_inputs: list[int] = []  # ids of the inputs of attention modules, in call order
-    order = [0]
-
-    def known(table: dict[int, Any], t: Tensor) -> Any:
-        # weak references: no activation is kept alive, and an id reused by a later tensor is not mistaken for it
-        entry = table.get(id(t))
-        ref = entry[-1] if isinstance(entry, tuple) else entry
-        return entry if ref is not None and ref() is t else None
-
-    def on_output(name: str, module: nn.Module, args: Any, out: Any) -> None:
-        if not acting(call):
-            return
-        order[0] += 1
-        if not isinstance(out, Tensor):
-            return
-        if out.dim() == 4 and out.shape[-1] * out.shape[-2] > 1:
-            if isinstance(module, _NOT_CAM_LAYERS):
-                pooled[id(out)] = weakref.ref(out)
-            elif known(pooled, out) is None:  # containers whose output is a pooling layer's are skipped
-                records.append((order[0], name, module))
-        elif out.dim() == 3 and isinstance(module, nn.LayerNorm):
-            norms[id(out)] = (order[0], name, module, weakref.ref(out))
-
-    def on_attention(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not acting(call):
-            return
-        query = args[0] if args else kwargs.get("query", kwargs.get("hidden_states"))
-        if isinstance(query, Tensor):
-            norm = known(norms, query)
-            if norm is not None:
-                attention_inputs.append(norm[:3])
-
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        with active_call() as call, torch.no_grad(), HookManager(model) as hooks:
-            model.eval()
-            hooks.forward(lambda name, module: name != "", on_output, with_name=True)
-            if any(_is_attention(m) for m in model.modules()):
-                hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
-            xs = as_tuple(x)
-            try:
-                (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
-            except Exception as exc:
-                exc.add_note(
-                    f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
-                    f"given, shape {', '.join(str(tuple(t.shape)) for t in xs)}); the model's forward must accept "
-                    "them as a batch (N, ...)"
-                )
-                raise
-    finally:
-        for m, training in modes:
-            m.training = training
-    maps = records
-    tokens = attention_inputs
-    if tokens and (not maps or tokens[-1][0] > maps[-1][0]):
-        return tokens[-1][1:]
-    if not maps:
-        raise ValueError(
-            f"could not choose a CAM layer: no module of {type(model).__name__} outputs a 4-D (N, C, h, w) map with "
-            "more than one pixel for this input, and no LayerNorm feeds a self-attention module; pass layer= (a "
-            "module or its dotted name)"
-        )
-    return maps[-1][1:]
-
 
 UPSAMPLE_MODES: tuple[str, ...] = ("bilinear", "nearest", "bicubic")
 
@@ -177,47 +53,6 @@ def upsample_maps(maps: Tensor, size: tuple[int, ...], mode: str = "bilinear") -
     return out.reshape(*lead, *out.shape[-2:])
 
 
-def _fold_tokens(tokens: Tensor, prefix: int, h: int, w: int) -> Tensor:
-    """(M, T, D) row-major patch tokens after `prefix` class/register tokens -> (M, D, h, w)."""
-    return tokens[:, prefix:].transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], h, w)
-
-
-def _token_grid(name: str, tokens: int, size: tuple[int, int] | None, prefix: int | None) -> tuple[int, int, int]:
-    """(prefix tokens P, h, w) for a layer with `tokens` tokens; see `CAMAttribution` (reshape, prefix_tokens)."""
-    fix = "pass reshape=(h, w) and/or prefix_tokens= (the number of class/register tokens before the patches)"
-    if size is not None:
-        p = tokens - size[0] * size[1] if prefix is None else prefix
-        if p < 0 or tokens - p != size[0] * size[1]:
-            raise ValueError(
-                f"layer {name!r} outputs {tokens} tokens, which reshape={size} with {p} prefix tokens cannot fold: "
-                f"{tokens} - {p} != {size[0]} * {size[1]}; {fix}"
-            )
-        return p, *size
-    if prefix is not None:
-        candidates = [prefix] if prefix < tokens and math.isqrt(tokens - prefix) ** 2 == tokens - prefix else []
-        if not candidates:
-            raise ValueError(
-                f"layer {name!r} outputs {tokens} tokens; with prefix_tokens={prefix} the other {tokens - prefix} "
-                f"do not make a square grid; pass reshape=(h, w) for a rectangular one"
-            )
-    else:
-        # a 1x1 grid is no map; with the layouts in use (P = 0, or 1 class token) grids of side >= 5 are unique
-        candidates = [
-            p for p in range(min(_MAX_PREFIX_TOKENS, tokens - 4) + 1) if math.isqrt(tokens - p) ** 2 == tokens - p
-        ]
-        if not candidates:
-            raise ValueError(
-                f"layer {name!r} outputs {tokens} tokens: no number of prefix tokens in 0..{_MAX_PREFIX_TOKENS} "
-                f"leaves a square grid of patches; {fix}"
-            )
-        if len(candidates) > 1 and candidates[0] > 1:
-            grids = ", ".join(f"{p} prefix + {math.isqrt(tokens - p)}x{math.isqrt(tokens - p)}" for p in candidates)
-            raise ValueError(f"layer {name!r} outputs {tokens} tokens, which is ambiguous ({grids}); {fix}")
-    p = candidates[0]
-    side = math.isqrt(tokens - p)
-    return p, side, side
-
-
 class CAMAttribution(Attribution):
     r"""Shared life cycle of CAM methods: activations A and gradients dy/dA at one layer -> (N, 1, h, w) maps.
 
@@ -227,9 +62,14 @@ class CAMAttribution(Attribution):
     $$ L = \mathrm{ReLU}(\sum_k w_k \odot A^k) $$, summed over channels, computed in float32 whatever the
     autocast dtype of the forward pass (results are float32).
 
-    Token layers (vision transformers): a layer whose output is (N, T, D) is read as T tokens of dimension D; the
-    first P (class / register tokens) are dropped and the other T - P, in row-major order, are folded into an
-    (h, w) grid, giving activations and gradients of shape (N, D, h, w).
+    Layouts (`hookviz.layouts`): the layer's output is read as (N, C, h, w), as channels-last (N, h, w, C) (Swin
+    stages), or as (N, T, D) tokens of dimension D whose first P (class / distillation / register tokens) are
+    dropped and the other T - P, in row-major order, folded into an (h, w) grid; inferred from the output's shape,
+    the input's size and the model (timm's ``num_prefix_tokens``, ``output_fmt``), or given by ``layout=``. A layer
+    whose layout cannot be told raises an error naming ``layout=``; `layout_used` says what was read.
+
+    A map that is zero for every sample gets a warning saying why (no gradient reaches the layer, or the weighted
+    sum is negative everywhere) and which layer to try.
 
     Args:
         layer: a module of the model, its dotted name, or None to choose it on the first call (see `choose_layer`;
@@ -240,8 +80,12 @@ class CAMAttribution(Attribution):
             folded into a square grid), ``(h, w)`` (token outputs folded into that grid), or a callable
             ``f(output) -> (M, C, h, w)`` applied to the layer's output (any layout, e.g. (N, H, W, C)) and to its
             gradients (batch N * K): it must only rearrange elements.
-        prefix_tokens: the number P of tokens before the patch tokens; None: the smallest P in 0..8 that leaves a
-            square grid (``ValueError`` when none does, or when several do and the smallest is not 0 or 1).
+        prefix_tokens: the number P of tokens before the patch tokens; None: the model's ``num_prefix_tokens``
+            where it has one, else the smallest P in 0..8 that leaves a grid of the input's aspect (square for a
+            square input; ``ValueError`` when none does, or when several do and the smallest is not 0 or 1).
+        layout: ``"nchw"``, ``"nhwc"``, ``"tokens"`` or a callable ``f(output) -> (N, C, h, w)`` (as
+            pytorch-grad-cam's ``reshape_transform``); None (default) infers it. A callable `reshape` is the same
+            as a callable `layout`.
     """
 
     display_defaults = {"reduce": None, "mode": "minmax", "cmap": "jet", "overlay": True}
@@ -255,10 +99,14 @@ class CAMAttribution(Attribution):
         call: int = -1,
         reshape: Reshape = None,
         prefix_tokens: int | None = None,
+        layout: LayoutSpec = None,
         eval_mode: bool = True,
         backward: BackwardStrategy = "auto",
     ) -> None:
         super().__init__(model, eval_mode=eval_mode, backward=backward)
+        check_layout(layout)
+        if layout is not None and callable(reshape):
+            raise ValueError("pass the callable as layout= or as reshape=, not both (they mean the same)")
         if not isinstance(call, int) or isinstance(call, bool):
             raise TypeError(f"call must be an int (index of the layer's call in the forward), got {call!r}")
         if reshape is not None and not callable(reshape):
@@ -278,6 +126,8 @@ class CAMAttribution(Attribution):
         self.call = call
         self.reshape = reshape
         self.prefix_tokens = prefix_tokens
+        self.layout = layout
+        self.layout_used: Layout | None = None  # the layout read on the last call
         self._layer: tuple[str, nn.Module] | None = None if layer is None else resolve_layer(model, layer)
         self._auto = layer is None
 
@@ -324,11 +174,30 @@ class CAMAttribution(Attribution):
         # CAM arithmetic in float32 whatever the autocast dtype of the forward pass
         a = fold(act.detach()).float().unsqueeze(1)
         g = fold(grads.flatten(0, 1)).float().unflatten(0, (n, k))
-        return _weighted_sum(self._weights(a, g), a), targets
+        cam = _weighted_sum(self._weights(a, g), a)
+        self._warn_if_empty(cam, g)
+        return cam, targets
+
+    def _warn_if_empty(self, cam: Tensor, grads: Tensor | None) -> None:
+        """Warn when every map is exactly zero: a blank figure must not come without a reason."""
+        if bool(cam.any()):
+            return
+        name = self.layer
+        if grads is not None and not bool(grads.any()):
+            why = (
+                f"the target's gradient at layer {name!r} is zero for every sample: nothing from this layer's "
+                "spatial positions reaches the score (e.g. only the class token goes on to the head from here, or "
+                "the classifier's weights are zero, as in some untrained models)"
+            )
+            hint = "try an earlier layer, e.g. the LayerNorm before the last attention block"
+        else:
+            why = f"at layer {name!r} the weighted sum of the channels is <= 0 everywhere, so the ReLU leaves nothing"
+            hint = "try another layer or target, or LayerCAM / HiResCAM"
+        warnings.warn(f"{type(self).__name__}: every map is zero: {why}; {hint} (pass layer=)", stacklevel=6)
 
     def _record(
         self, x: Tensor | tuple[Tensor, ...], target: Any, forward_args: ForwardArgs | None = None
-    ) -> tuple[Tensor, Targets, Callable[[Tensor], Tensor]]:
+    ) -> tuple[Tensor, Targets, Layout]:
         """One forward pass of the input (or tuple of inputs) with the layer's output recorded.
 
         Returns the layer's output A (still attached to the graph), the resolved targets, and ``fold``, which maps
@@ -374,38 +243,25 @@ class CAMAttribution(Attribution):
             act = acts[self.call]
         except IndexError:
             raise ValueError(f"call={self.call} but layer {name!r} ran {len(acts)} time(s)") from None
-        return act, targets, self._fold(name, act)
+        self.layout_used = self._fold(name, act, xs[0])
+        return act, targets, self.layout_used
 
-    def _fold(self, name: str, act: Tensor) -> Callable[[Tensor], Tensor]:
-        shape = tuple(act.shape)
-        if callable(self.reshape):
-            fn = self.reshape
-            folded = fn(act.detach())
-            if not isinstance(folded, Tensor) or folded.dim() != 4 or folded.shape[0] != shape[0]:
-                got = tuple(folded.shape) if isinstance(folded, Tensor) else type(folded).__name__
-                raise ValueError(
-                    f"reshape must return an (N, C, h, w) tensor with N = {shape[0]} for layer {name!r}'s output "
-                    f"{shape}; got {got}"
-                )
-            return fn
-        if act.dim() == 4 and self.reshape is None and self.prefix_tokens is None:
-            return _identity
-        if act.dim() == 3:
-            p, h, w = _token_grid(name, shape[1], self.reshape, self.prefix_tokens)
-            return lambda t: _fold_tokens(t, p, h, w)
-        if act.dim() == 4:
-            raise ValueError(
-                f"layer {name!r} outputs a 4-D map {shape}; reshape=(h, w) and prefix_tokens= are for (N, T, D) "
-                "token outputs (pass a callable reshape for other layouts)"
-            )
-        raise ValueError(
-            f"layer {name!r} outputs shape {shape}; CAM methods need a (N, C, h, w) map or (N, T, D) tokens, "
-            "choose a convolutional layer or a transformer block's LayerNorm (or pass a callable reshape=)"
+    def _fold(self, name: str, act: Tensor, x: Tensor) -> Layout:
+        """The layer output's `Layout` (inferred, or checked against ``layout=`` / ``reshape=``)."""
+        layout = self.layout if self.layout is not None else (self.reshape if callable(self.reshape) else None)
+        grid = self.reshape if isinstance(self.reshape, tuple) else None
+        module = self._layer[1] if self._layer is not None else None
+        return resolve_layout(
+            name,
+            act,
+            layout=layout,
+            grid=grid,
+            prefix_tokens=self.prefix_tokens,
+            input_size=tuple(x.shape[-2:]) if x.dim() == 4 else None,  # type: ignore[arg-type]
+            module=module,
+            model=self.model,
+            argname="layout" if self.layout is not None else "reshape",
         )
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t
 
 
 def _weighted_sum(weights: Tensor, acts: Tensor) -> Tensor:
@@ -553,7 +409,9 @@ class ScoreCAM(CAMAttribution):
         act, targets, fold = self._record(x, target)
         a = fold(act.detach()).float()  # (N, C, h, w)
         weights = self._mask_scores(x.detach(), a, targets, target)  # (N, K, C)
-        return _weighted_sum(weights[..., None, None], a.unsqueeze(1)), targets
+        cam = _weighted_sum(weights[..., None, None], a.unsqueeze(1))
+        self._warn_if_empty(cam, None)
+        return cam, targets
 
     def _mask_scores(self, x: Tensor, a: Tensor, targets: Targets, plan: TargetPlan) -> Tensor:
         """(N, K, C) weights: the target's score on each of the N * C masked inputs, in chunks of `batch_size`."""
