@@ -31,8 +31,6 @@ __all__ = ["LAYOUTS", "Layout", "LayoutSpec", "check_layout", "resolve_layout"]
 LayoutSpec: TypeAlias = "Literal['nchw', 'nhwc', 'tokens'] | Callable[[Tensor], Tensor] | None"
 LAYOUTS: tuple[str, ...] = ("nchw", "nhwc", "tokens")
 MAX_PREFIX_TOKENS = 8  # class, distillation and register tokens tried when folding tokens into a grid
-# Two axes are a grid of the input when their strides agree (H / h ~ W / w) up to rounding at the borders.
-_STRIDE_TOLERANCE = 1.3
 
 
 def check_layout(layout: object) -> None:
@@ -81,17 +79,23 @@ class Layout:
 
 
 def _is_grid(h: int, w: int, size: tuple[int, int] | None) -> bool:
-    """Whether (h, w) can be the spatial grid of an input of `size` (H, W): the same stride along both axes."""
+    """Whether (h, w) can be the spatial grid of an input of `size` (H, W): one stride along both axes.
+
+    Either one integer stride s gives both sides up to border rounding (h in {floor(H / s), ceil(H / s)}, the same
+    for w), or the two strides H / h and W / w agree within 10% (resizes by non-integer factors).
+    """
     if size is None:
         return True
     big_h, big_w = size
     if h < 1 or w < 1 or h > big_h or w > big_w:
         return False
     sh, sw = big_h / h, big_w / w
-    if max(sh, sw) / min(sh, sw) <= _STRIDE_TOLERANCE:
+    if max(sh, sw) / min(sh, sw) <= 1.1:
         return True
-    s = (big_h + big_w) / (h + w)  # small grids: strides differ by a pixel of rounding
-    return abs(h - big_h / s) <= 1 and abs(w - big_w / s) <= 1
+    for s in range(1, max(big_h, big_w) + 1):
+        if h in (big_h // s, -(-big_h // s)) and w in (big_w // s, -(-big_w // s)):
+            return True
+    return False
 
 
 def _channels_last_hint(module: nn.Module | None, model: nn.Module | None, shape: tuple[int, ...]) -> bool:
