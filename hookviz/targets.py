@@ -11,11 +11,16 @@ A target spec is one of:
   ``np.array([[1, 2], [3, 4]])``); numpy float arrays are refused, like float tensors;
 - a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
   output is not a class vector (segmentation maps, dicts, detection heads).
+
+Class targets (None, ints, index tensors) read the class scores from the model output (`class_logits`): a tensor
+(N, classes); an object with a ``logits`` attribute or a mapping with a ``"logits"`` key (Hugging Face's
+``ModelOutput``, dicts); or a tuple / list whose first element is an (N, classes) tensor (``return_dict=False``).
+A callable target gets the output as the model returned it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -110,17 +115,42 @@ def _checked(idx: Tensor, multi: bool) -> TargetPlan:
     return TargetPlan(idx, None, multi)
 
 
+_OUTPUT_RULE = (
+    "a tensor (N, classes), an output with a `logits` attribute or key (Hugging Face ModelOutput, dict) holding one, "
+    "or a tuple whose first element is one"
+)
+
+
+def class_logits(output: Any) -> Tensor:
+    """The (N, classes) class scores in a model output: the tensor itself, its ``logits`` attribute or ``"logits"``
+    key (Hugging Face ``ModelOutput``, dicts), or the first element of a tuple / list. Raises `ValueError` naming
+    the rule where none applies, or where the ``logits`` found is not 2-D."""
+    found: Any = output
+    where = "the model output"
+    if not isinstance(output, Tensor):
+        if isinstance(output, Mapping) and "logits" in output:
+            found, where = output["logits"], "the output's 'logits' key"
+        elif isinstance(getattr(output, "logits", None), Tensor):
+            found, where = output.logits, "the output's logits attribute"
+        elif isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
+            found, where = output[0], "the output tuple's first element"
+    if isinstance(found, Tensor) and found.dim() == 2:
+        return found
+    got = f"a tensor of shape {tuple(found.shape)}" if isinstance(found, Tensor) else type(found).__name__
+    raise ValueError(
+        f"class targets need a model output of shape (N, classes) ({_OUTPUT_RULE}), but {where} is {got}; pass a "
+        "callable target instead, e.g. target=lambda out: out['logits'][:, 3] or lambda out: out[:, 3].sum((1, 2))"
+    )
+
+
 def resolve_targets(target: object, output: Any, n: int) -> Targets:
-    """Turn a target spec (or a checked `TargetPlan`) and the model output into the (N, K) scores to differentiate."""
+    """Turn a target spec (or a checked `TargetPlan`) and the model output into the (N, K) scores to differentiate.
+
+    Class targets read the output through `class_logits`; a callable gets the output as it is."""
     plan = check_target(target, n)
     if plan.fn is not None:
         return _callable_scores(plan.fn, output, n)
-    if not isinstance(output, Tensor) or output.dim() != 2:
-        got = type(output).__name__ if not isinstance(output, Tensor) else f"a tensor of shape {tuple(output.shape)}"
-        raise ValueError(
-            f"class targets need a model output of shape (N, classes), but the model returned {got}; pass a callable "
-            "target instead, e.g. target=lambda out: out['logits'][:, 3] or lambda out: out[:, 3].sum((1, 2))"
-        )
+    output = class_logits(output)
     if output.shape[0] != n:
         raise ValueError(f"model output has {output.shape[0]} rows for {n} inputs; the batch axis must be kept")
     classes = output.shape[1]

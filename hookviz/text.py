@@ -240,8 +240,11 @@ def explain_tokens(
     vocab: Vocab | None = None,
     labels: Any = None,
     additional_forward_args: Any = None,
+    forward_kwargs: dict[str, Any] | None = None,
 ) -> TokenExplanation:
-    """`method` on integer token ids (N, T) -> `TokenExplanation`; the method must attribute to a layer (``layer=``)."""
+    """`method` on integer token ids (N, T) -> `TokenExplanation`; the method must attribute to a layer (``layer=``).
+
+    `forward_kwargs` (e.g. ``{"attention_mask": mask}``) are passed to ``forward`` (`Attribution.attribute`)."""
     if getattr(method, "_tap", None) is None:
         raise TypeError(
             f"visualize got integer token ids {tuple(tokens.shape)}, but {method!r} has no layer=; explain token ids "
@@ -251,7 +254,9 @@ def explain_tokens(
         raise ValueError(f"token ids must be an (N, T) tensor, got shape {tuple(tokens.shape)}")
     _check_vocab(vocab)
     extra = additional_forward_args
-    attribution, targets = method.attribute_with_targets(tokens, target, additional_forward_args=extra)
+    attribution, targets = method.attribute_with_targets(
+        tokens, target, additional_forward_args=extra, forward_kwargs=forward_kwargs
+    )
     return TokenExplanation(
         attribution=attribution.detach(),
         tokens=tokens.detach().cpu(),

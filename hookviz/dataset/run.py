@@ -297,6 +297,33 @@ def _on_rank_device(model: nn.Module, world: World) -> Iterator[torch.device]:
         model.to(device)
 
 
+def _check_dataset_kwargs(forward_kwargs: object, n: int) -> None:
+    """forward_kwargs of `explain_dataset`: a dict whose tensors have one row per item, checked before any work."""
+    if forward_kwargs is None:
+        return
+    if not isinstance(forward_kwargs, dict) or not all(isinstance(k, str) for k in forward_kwargs):
+        raise TypeError(
+            "forward_kwargs must be a dict of keyword arguments of forward (str keys), e.g. {'attention_mask': "
+            f"masks}}; got {type(forward_kwargs).__name__}"
+        )
+    for key, value in forward_kwargs.items():
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] != n:
+            raise ValueError(
+                f"forward_kwargs[{key!r}] has shape {tuple(value.shape)}; tensors among explain_dataset's "
+                f"forward_kwargs must have one row per data set item (first dimension {n}), sliced per batch"
+            )
+
+
+def _batch_kwargs(forward_kwargs: dict[str, Any] | None, a: int, b: int, n: int) -> dict[str, Any] | None:
+    """The forward_kwargs of items a..b-1: per-item tensors sliced, the rest as they are."""
+    if forward_kwargs is None:
+        return None
+    return {
+        k: v[a:b] if isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+        for k, v in forward_kwargs.items()
+    }
+
+
 def explain_dataset(
     method: Attribution,
     data: Dataset | DataLoader,
@@ -310,6 +337,7 @@ def explain_dataset(
     resume: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    forward_kwargs: dict[str, Any] | None = None,
 ) -> ExplanationStore:
     """Explain every item of `data` with `method` and store the maps as shards under `out`; returns the store.
 
@@ -332,6 +360,9 @@ def explain_dataset(
             ``resume=False`` an existing run is refused too.
         overwrite: delete the run found in `out` (only its own files) and start again.
         progress: a tqdm bar with images/s (when tqdm is installed; rank 0 only).
+        forward_kwargs: keyword arguments of the model's ``forward`` (e.g. ``{"attention_mask": masks}``): tensors
+            with one row per data set item (first dimension ``len(data)``) are sliced to each batch's items, in data
+            set order; anything else is passed to every batch as it is (see `Attribution.attribute`).
 
     Crash safety: each shard is written to a temporary name, fsync'ed and renamed atomically, then the manifest is
     rewritten the same way, so a run killed at any point (SIGKILL included) and run again yields exactly the maps of
@@ -355,6 +386,7 @@ def explain_dataset(
         raise ValueError(f"shard_size must be an int >= 1, got {shard_size!r}")
     spec = _target_spec(target)
     src = _source(data, batch_size, num_workers, needs_labels=spec["kind"] == "label")
+    _check_dataset_kwargs(forward_kwargs, len(src.dataset))
     out = _check_out(out)
     world = current_world()
     n = len(src.dataset)
@@ -415,6 +447,7 @@ def explain_dataset(
                 manifest_path,
                 manifest,
                 progress and world.rank == 0,
+                forward_kwargs,
             )
         world.barrier()
         if world.rank == 0:
@@ -468,6 +501,7 @@ def _compute(
     manifest_path: Path,
     manifest: dict[str, Any],
     progress: bool,
+    forward_kwargs: dict[str, Any] | None = None,
 ) -> list[int] | None:
     """Compute the shards in `todo` and hand each to the writer thread; returns the map shape (None if no work)."""
     map_shape: list[int] | None = manifest.get("map_shape")
@@ -506,7 +540,8 @@ def _compute(
                 )
             x = x.to(device, non_blocking=True)
             tgt = _labels(labels, a, b) if spec["kind"] == "label" else target
-            attribution, targets = method.attribute_with_targets(x, tgt)
+            kwargs = _batch_kwargs(forward_kwargs, a, b, len(src.dataset))
+            attribution, targets = method.attribute_with_targets(x, tgt, forward_kwargs=kwargs)
             shape = list(attribution.shape[1:])
             if map_shape is None:
                 map_shape = shape

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 METHODS: dict[str, type[Attribution]] = {}
 
 
+def _result_dtype(t: Tensor) -> Tensor:
+    """Results in float32 at least (float16 / bfloat16 models give float32 maps; float64 stays float64)."""
+    if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
+        return t.float()
+    return t
+
+
 def register(name: str) -> Callable[[type[Attribution]], type[Attribution]]:
     """Class decorator: make a method available by `name` (CLI ``--method``, `get_method`)."""
 
@@ -86,6 +93,7 @@ class Attribution:
         target: TargetSpec = None,
         *,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
     ) -> Tensor | tuple[Tensor, ...]:
         """Raw attribution for a batch `inputs` (N, ...); see the subclass for the result's shape.
 
@@ -95,8 +103,17 @@ class Attribution:
         Methods with several inputs (``multi_input``) take a tuple of tensors sharing N, passed to ``forward`` as
         ``model(*inputs, *additional_forward_args)``, and return a tuple of attributions shaped like them;
         `additional_forward_args` (one argument or a tuple) are passed on to ``forward`` but not attributed.
+        `forward_kwargs` (every method): keyword arguments of ``forward``, e.g. ``{"attention_mask": mask}`` for a
+        Hugging Face model; tensors among them must have first dimension N and follow their rows wherever a method
+        expands the batch (noisy copies, path points, masked inputs); anything else is passed as it is.
+
+        Model outputs: class targets read a tensor (N, classes), the ``logits`` attribute or key of an output object
+        (Hugging Face's ``ModelOutput``, a dict), or the first element of a tuple output (`hookviz.targets`). Results
+        are float32 whatever the model's dtype (float64 stays float64).
         """
-        return self.attribute_with_targets(inputs, target, additional_forward_args=additional_forward_args)[0]
+        return self.attribute_with_targets(
+            inputs, target, additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs
+        )[0]
 
     def attribute_with_targets(
         self,
@@ -104,10 +121,11 @@ class Attribution:
         target: TargetSpec = None,
         *,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
     ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
         """`attribute`, and the resolved targets: ``.indices`` (N, K) classes (None for a callable target) and
         ``.scores`` (N, K), from the same forward pass (what the data-set runner stores and the metrics reuse)."""
-        x, kwargs, single = self._call_args(inputs, additional_forward_args)
+        x, kwargs, single = self._call_args(inputs, additional_forward_args, forward_kwargs)
         attribution, targets = self._explain(x, target, **kwargs)
         return (attribution[0] if single and isinstance(attribution, tuple) else attribution), targets
 
@@ -171,8 +189,12 @@ class Attribution:
         spec = check_target(target, (x[0] if isinstance(x, tuple) else x).shape[0])
         with self._prepared() as hooks:
             attribution, targets = self._run(x, spec, hooks, **kwargs)
+        if isinstance(attribution, tuple):  # one attribution per input tensor
+            attribution = tuple(_result_dtype(a) for a in attribution)
+        else:
+            attribution = _result_dtype(attribution)
         if not targets.multi:
-            if isinstance(attribution, tuple):  # one attribution per input tensor
+            if isinstance(attribution, tuple):
                 attribution = tuple(a.squeeze(1) for a in attribution)
             else:
                 attribution = attribution.squeeze(1)
@@ -191,11 +213,15 @@ class Attribution:
         """Whether integer inputs (token ids) are allowed: only when the method attributes to a layer."""
         return False
 
-    def _call_args(self, inputs: Any, additional_forward_args: Any) -> tuple[Any, dict[str, Any], bool]:
-        """Check `inputs` (a tensor or a tuple of tensors) and `additional_forward_args` before any work.
+    def _call_args(
+        self, inputs: Any, additional_forward_args: Any, forward_kwargs: Any = None
+    ) -> tuple[Any, dict[str, Any], bool]:
+        """Check `inputs` (a tensor or a tuple of tensors), `additional_forward_args` and `forward_kwargs` before any
+        work.
 
         Returns what `_explain` takes (a tuple of tensors for ``multi_input`` methods, else the one tensor), its
-        keyword arguments (``forward_args=`` for ``multi_input`` methods), and whether one tensor came.
+        keyword arguments (``forward_args=`` for ``multi_input`` methods and wherever `forward_kwargs` came), and
+        whether one tensor came.
         """
         from .forward import check_forward_args
 
@@ -205,12 +231,18 @@ class Attribution:
             raise TypeError(
                 f"{type(self).__name__} does not take {what}; it explains one input tensor passed alone to forward"
             )
+        if forward_kwargs is not None and not isinstance(forward_kwargs, dict):
+            check_forward_args(None, 0, expanding=False, method="", forward_kwargs=forward_kwargs)  # raises
         xs = self._check_input_tuple(inputs)
-        if not self.multi_input:
-            return xs[0], {}, True
         fwd = check_forward_args(
-            additional_forward_args, xs[0].shape[0], expanding=self.expands_batch, method=type(self).__name__
+            additional_forward_args,
+            xs[0].shape[0],
+            expanding=self.expands_batch,
+            method=type(self).__name__,
+            forward_kwargs=forward_kwargs,
         )
+        if not self.multi_input:
+            return xs[0], ({"forward_args": fwd} if fwd.kwargs else {}), True
         return xs, {"forward_args": fwd}, single
 
     def _check_input_tuple(self, inputs: Any) -> tuple[Tensor, ...]:

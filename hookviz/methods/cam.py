@@ -13,7 +13,15 @@ from torch import Tensor, nn
 
 from ..hooks import HookError, HookManager
 from ..layouts import Layout, LayoutSpec, check_layout, resolve_layout
-from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
+from ..targets import (
+    BackwardStrategy,
+    TargetPlan,
+    Targets,
+    TargetSpec,
+    batched_grad,
+    class_logits,
+    resolve_targets,
+)
 from .base import Attribution, register
 from .cam_layer import choose_layer, resolve_layer
 from .forward import ForwardArgs, as_tuple
@@ -406,14 +414,15 @@ class ScoreCAM(CAMAttribution):
             raise ValueError(
                 f"{type(self).__name__} masks images: inputs must be (N, C, H, W), got shape {tuple(x.shape)}"
             )
-        act, targets, fold = self._record(x, target)
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
+        act, targets, fold = self._record(x, target, fwd)
         a = fold(act.detach()).float()  # (N, C, h, w)
-        weights = self._mask_scores(x.detach(), a, targets, target)  # (N, K, C)
+        weights = self._mask_scores(x.detach(), a, targets, target, fwd)  # (N, K, C)
         cam = _weighted_sum(weights[..., None, None], a.unsqueeze(1))
         self._warn_if_empty(cam, None)
         return cam, targets
 
-    def _mask_scores(self, x: Tensor, a: Tensor, targets: Targets, plan: TargetPlan) -> Tensor:
+    def _mask_scores(self, x: Tensor, a: Tensor, targets: Targets, plan: TargetPlan, fwd: ForwardArgs) -> Tensor:
         """(N, K, C) weights: the target's score on each of the N * C masked inputs, in chunks of `batch_size`."""
         n, c = a.shape[:2]
         k = targets.scores.shape[1]
@@ -426,10 +435,10 @@ class ScoreCAM(CAMAttribution):
                 lo = masks.amin(dim=(-2, -1), keepdim=True)
                 masks = (masks - lo) / (masks.amax(dim=(-2, -1), keepdim=True) - lo).clamp_min(self.eps)
                 inputs = torch.arange(start, stop, device=x.device) // c
-                out = self.model(x[inputs] * masks)
+                out = fwd.rows(inputs)(self.model, (x[inputs] * masks,))
                 if plan.fn is None:
                     idx = targets.indices[inputs]  # type: ignore[index]
-                    scores[start:stop] = torch.softmax(out.float(), dim=1).gather(1, idx)
+                    scores[start:stop] = torch.softmax(class_logits(out).float(), dim=1).gather(1, idx)
                 else:
                     scores[start:stop] = _callable_rows(plan.fn, out, stop - start, k, targets.multi)
         return scores.view(n, c, k).transpose(1, 2)
@@ -494,13 +503,14 @@ class GuidedGradCAM(GradCAM):
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         if x.dim() != 4:
             raise ValueError(f"{type(self).__name__} needs image inputs (N, C, H, W), got shape {tuple(x.shape)}")
-        cam, targets = super()._run(x, target, hooks)  # (N, K, 1, h, w)
+        cam, targets = super()._run(x, target, hooks, **kwargs)  # (N, K, 1, h, w)
         if targets.indices is None:
             spec: Any = target.fn
         else:
             spec = targets.indices if targets.multi else targets.indices[:, 0]
         self._guided.eval_mode, self._guided.backward = self.eval_mode, self.backward
-        guided = self._guided.attribute(x, spec)
+        fwd: ForwardArgs | None = kwargs.get("forward_args")
+        guided = self._guided.attribute(x, spec, forward_kwargs=fwd.kwargs if fwd is not None else None)
         if not targets.multi:
             guided = guided.unsqueeze(1)
         return guided * upsample_maps(cam, tuple(x.shape[-2:]), self.upsample), targets

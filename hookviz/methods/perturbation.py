@@ -22,8 +22,9 @@ from torch import Tensor, nn
 
 from ..hooks import HookManager
 from ..record import _tqdm
-from ..targets import TargetPlan, Targets
+from ..targets import TargetPlan, Targets, class_logits
 from .base import Attribution, register
+from .forward import ForwardArgs
 from .gradient import (
     IntegratedGradients,
     _acc_dtype,
@@ -68,27 +69,29 @@ class PerturbationAttribution(Attribution):
         self.batch_size = _check_batch_size(batch_size)
         self.progress = _check_progress(progress)
 
-    def _clean(self, x: Tensor, plan: TargetPlan) -> tuple[Targets, TargetPlan]:
+    def _clean(self, x: Tensor, plan: TargetPlan, fwd: ForwardArgs | None = None) -> tuple[Targets, TargetPlan]:
         """Target scores of the unperturbed inputs, and a plan in which "top class" is resolved to class indices.
 
         Also checks the target against the model output (class range, output shape) before any perturbed pass.
         """
-        targets = _forward_scores(self.model, x, plan, self.batch_size)
+        targets = _forward_scores(self.model, x, plan, self.batch_size, forward_args=fwd)
         if plan.indices is None and plan.fn is None:
             plan = TargetPlan(targets.indices, None, False)
         return targets, plan
 
-    def _score(self, rows: Tensor, plan: TargetPlan, softmax: bool = False) -> Tensor:
-        """(M, K) target scores of perturbed `rows` (M, ...) in one forward pass; `plan` holds these rows' targets.
+    def _score(self, rows: Tensor, plan: TargetPlan, softmax: bool = False, fwd: ForwardArgs | None = None) -> Tensor:
+        """(M, K) target scores of perturbed `rows` (M, ...) in one forward pass; `plan` holds these rows' targets,
+        `fwd` their extra forward arguments (`ForwardArgs.rows`).
 
         `softmax`: score class targets by their softmax probability instead of the raw output.
         """
+        fwd = fwd or ForwardArgs((), rows.shape[0])
         if softmax and plan.fn is None:
             with torch.no_grad():
-                out = self.model(rows)
+                out = class_logits(fwd(self.model, (rows,)))
             probs = torch.softmax(out.to(_acc_dtype(out.dtype)), dim=1)
             return probs.gather(1, plan.indices.to(out.device))  # type: ignore[union-attr]
-        return _forward_scores(self.model, rows, plan, None).scores
+        return _forward_scores(self.model, rows, plan, None, forward_args=fwd).scores
 
     def _passes(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         """Row ranges of the expanded batch, behind a tqdm bar unless ``progress=False`` (None: after 2 s)."""
@@ -217,7 +220,8 @@ class Occlusion(PerturbationAttribution):
             starts = torch.arange(c, device=x.device).unsqueeze(1) * s
             pos = torch.arange(d, device=x.device)
             axis_masks.append((pos >= starts) & (pos < starts + w))
-        targets, plan = self._clean(x, target)
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
+        targets, plan = self._clean(x, target, fwd)
         clean = targets.scores.to(_acc_dtype(targets.scores.dtype))
         n_windows = math.prod(counts)
         drops = clean.new_empty((n_windows * n_in, clean.shape[1]))
@@ -231,7 +235,8 @@ class Occlusion(PerturbationAttribution):
                 view[1 + lead + a] = dims[a]
                 mask = mask & axis_masks[a][j].view(view)
             occluded = torch.where(mask, baseline[inputs], x[inputs])
-            drops[start:stop] = clean[inputs] - self._score(occluded, _plan_rows(plan, inputs)).to(drops.dtype)
+            scores = self._score(occluded, _plan_rows(plan, inputs), fwd=fwd.rows(inputs))
+            drops[start:stop] = clean[inputs] - scores.to(drops.dtype)
         # sum_p d_p W_p, axis by axis (the windows are products of 1-D masks), then the mean over covering windows
         attr = drops.view(*counts, n_in, -1).movedim((-2, -1), (0, 1))  # (N, K, S_1, ..., S_k)
         cover = torch.ones((), dtype=attr.dtype, device=x.device)
@@ -352,7 +357,8 @@ class RISE(PerturbationAttribution):
         x = x.detach()
         n_in, size = x.shape[0], (x.shape[-2], x.shape[-1])
         grids, dy, dx = self._draw(size)
-        targets, plan = self._clean(x, target)
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
+        targets, plan = self._clean(x, target, fwd)
         acc = _acc_dtype(x.dtype)
         sal = torch.zeros((n_in, targets.scores.shape[1], 1, *size), dtype=acc, device=x.device)
         for start, stop in self._passes(self.n_masks * n_in, "masks"):
@@ -361,6 +367,7 @@ class RISE(PerturbationAttribution):
             rows = torch.arange(start, stop, device=x.device)
             inputs, m = rows % n_in, rows // n_in - first
             row_masks = masks[m].unsqueeze(1)  # (M, 1, H, W)
-            scores = self._score(x[inputs] * row_masks, _plan_rows(plan, inputs), self.softmax).to(acc)
+            scores = self._score(x[inputs] * row_masks, _plan_rows(plan, inputs), self.softmax, fwd.rows(inputs))
+            scores = scores.to(acc)
             sal.index_add_(0, inputs, scores[:, :, None, None, None] * row_masks.to(acc).unsqueeze(1))
         return sal / (self.n_masks * self.p), targets
