@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from .hooks import HookManager, Selector, select_modules
+from .inputs import model_device
 
 __all__ = ["ActivationRecorder", "GradientRecorder", "call_key"]
 
@@ -79,12 +80,6 @@ def _tqdm() -> Any:
     except ImportError:
         return None
     return tqdm
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        return t.device
-    return torch.device("cpu")
 
 
 def _to_device(obj: Any, device: torch.device, requires_grad: bool = False) -> Any:
@@ -359,7 +354,7 @@ class ActivationRecorder(_Recorder):
         tqdm is installed. Every batch is kept (whatever `accumulate` says), appended to what was recorded before.
         The model's ``training`` flag is left as it is: call ``model.eval()`` first for inference statistics.
         """
-        dev = torch.device(device) if device is not None else _model_device(self.model)
+        dev = torch.device(device) if device is not None else model_device(self.model)
         run = forward or _default_forward
         batches = self._iterate(loader, max_batches, progress)
 
@@ -447,7 +442,7 @@ class GradientRecorder(_Recorder):
                 "GradientRecorder.record needs loss=callable(output, batch) -> scalar tensor, e.g. "
                 "loss=lambda out, batch: F.cross_entropy(out, batch[1])"
             )
-        dev = torch.device(device) if device is not None else _model_device(self.model)
+        dev = torch.device(device) if device is not None else model_device(self.model)
         run = forward or _default_forward
         batches = self._iterate(loader, max_batches, progress)
 

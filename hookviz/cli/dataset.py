@@ -39,7 +39,7 @@ class _FolderTransform:
     def __call__(self, image: Any) -> torch.Tensor:
         from torchvision.transforms.functional import to_tensor
 
-        from ..inputs import Preset
+        from ..images import Preset
 
         if isinstance(self.preprocess, Preset):
             return self.preprocess.normalize(self.preprocess.geometry(to_tensor(image.convert("RGB"))))

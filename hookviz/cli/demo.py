@@ -29,7 +29,7 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 def _demo(args: argparse.Namespace) -> int:
     from .. import GradCAM, GuidedBackprop, GuidedGradCAM
     from ..figures import SAVE_FORMATS, grid, save_figure
-    from ..inputs import Preset
+    from ..images import Preset
     from ..methods import get_method
     from ..metrics import pointing_game
     from ..zoo import shapes, shapes_model

@@ -17,15 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..images import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  defined once there; cli/evaluate.py imports them here
 from .common import UsageError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
 def _preset(size: int) -> Any:
-    from ..inputs import Preset
+    from ..images import Preset
 
     return Preset(f"cli-{size}", size, size, IMAGENET_MEAN, IMAGENET_STD)
 

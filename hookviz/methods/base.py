@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import HookManager
-from ..inputs import check_model_inputs, expected_channels, load_images, model_device
+from ..images import load_images
+from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call
 

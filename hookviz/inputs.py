@@ -1,0 +1,189 @@
+"""A model and the batch it is given: where the model lives (device, dtype), what its first convolution takes, and
+the checks a batch passes before any work (`check_model_inputs`).
+
+Image decoding and presets are in `hookviz.images`; their names stay importable from here (``hookviz.inputs.
+load_images``, ``hookviz.inputs.IMAGENET``, ...) for code written before the split.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "check_channels",
+    "check_finite",
+    "check_model_inputs",
+    "expected_channels",
+    "model_device",
+    "model_dtype",
+]
+
+_CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# The batch layout each convolution takes (torch also accepts unbatched inputs, which would lose the batch axis).
+_CONV_LAYOUTS = {nn.Conv1d: "(N, C, L)", nn.Conv2d: "(N, C, H, W)", nn.Conv3d: "(N, C, D, H, W)"}
+# names that moved to hookviz.images, still served from here (PEP 562: lazy, so the two modules do not import in a
+# circle)
+_IMAGE_NAMES = frozenset(
+    {
+        "IMAGENET",
+        "IMAGENET_MEAN",
+        "IMAGENET_STD",
+        "PRESETS",
+        "Batch",
+        "ImageLike",
+        "Preprocess",
+        "Preset",
+        "load_images",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _IMAGE_NAMES:
+        from . import images
+
+        return getattr(images, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_module(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Device of the model's first parameter, else its first buffer, else cpu."""
+    _check_module(model)
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _first_conv(model: nn.Module) -> tuple[str, nn.Module] | None:
+    for name, module in model.named_modules():
+        if isinstance(module, _CONV_TYPES):
+            return name, module
+    return None
+
+
+def expected_channels(model: nn.Module) -> int | None:
+    """in_channels of the first nn.Conv1d/2d/3d in ``model.modules()`` order; None if none (or a lazy one not yet
+    initialised)."""
+    _check_module(model)
+    found = _first_conv(model)
+    # LazyConv*d report in_channels == 0 until their first forward.
+    return None if found is None else found[1].in_channels or None
+
+
+def check_channels(model: nn.Module, x: Tensor, where: str = "x") -> None:
+    """Raise ValueError if ``x.shape[1]`` (x: (N, C, ...)) differs from :func:`expected_channels` when that is known.
+
+    `where` names `x` in the messages.
+    """
+    _check_module(model)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{where}: expected a tensor (N, C, ...), got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(f"{where}: expected a tensor (N, C, ...) with a channel axis, got shape {tuple(x.shape)}")
+    found = _first_conv(model)
+    expected = None if found is None else found[1].in_channels or None
+    got = x.shape[1]
+    if found is None or expected is None or got == expected:
+        return
+    name, conv = found
+    if expected in (1, 3):
+        hint = (
+            f"convert grayscale images to 3 channels or pass channels={expected} to load_images"
+            if expected == 3
+            else f"convert the images to grayscale: pass channels={expected} to load_images"
+        )
+    else:
+        hint = f"build a {expected}-channel tensor yourself (load_images passes tensors through unchanged)"
+    raise ValueError(
+        f"{where} has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
+        f"{name or '<model>'!r} ({conv}) expects {expected}; {hint}"
+    )
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """dtype of the model's first floating-point parameter, else its first floating-point buffer; None if none."""
+    _check_module(model)
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def check_finite(t: Tensor, name: str) -> None:
+    """Raise ValueError if `t` holds NaN or +-Inf, naming `name` and how many: they give meaningless maps silently.
+
+    Costs one reduction and one device sync per call (not per sample).
+    """
+    bad = int((~torch.isfinite(t)).sum()) if t.is_floating_point() or t.is_complex() else 0
+    if bad:
+        raise ValueError(
+            f"{name}: found {bad} non-finite value(s) (NaN or Inf) among {t.numel()}; expected finite values (maps "
+            f"computed through them are meaningless); replace them first, e.g. with torch.nan_to_num"
+        )
+
+
+def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs", *, conv_check: bool = True) -> Tensor:
+    """Check a batch `x` (N, ...) against `model` before any work and return it ready for the model.
+
+    Refused, with a message naming `where`, what came and what is expected: non-tensors (`TypeError`), tensors
+    without a batch axis or with N = 0, a rank other than the first convolution's (``nn.Conv1d``: 3-D (N, C, L),
+    ``nn.Conv2d``: 4-D (N, C, H, W), ``nn.Conv3d``: 5-D (N, C, D, H, W)), a channel count other than its
+    ``in_channels``, non-float dtypes, sparse and meta tensors (`TypeError`/`ValueError`), NaN or Inf values. The
+    first convolution is the first in ``model.modules()`` order: a model whose forward reshapes its input before
+    that convolution (e.g. folds (N, T, C, H, W) into (N * T, C, H, W)) must get the reshaped batch; a flat (N, F)
+    batch is passed on unchecked against it (models that reshape features into an image), and so is every tensor
+    with ``conv_check=False`` (the tensors of a tuple of inputs: which one feeds the convolution is unknown).
+
+    Convention: the result is cast to the model's floating-point parameter dtype (`model_dtype`; unchanged for a model
+    without parameters or buffers) and moved to its device; `visualize` goes through the same cast after
+    `load_images`: a float64 batch on a float32 model is explained in float32, the precision the model computes in,
+    and a float64 model gets float64 inputs. A tensor created under
+    ``torch.inference_mode()`` is copied into a normal tensor (inference tensors cannot take part in autograd).
+    The caller's tensor is never modified.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"{where}: attribute() takes a batch tensor (N, ...), got {type(x).__name__}; use visualize() for paths, "
+            "PIL images and numpy arrays, or hookviz.load_images(...).tensor"
+        )
+    if x.dim() < 2:
+        raise ValueError(f"{where} need a batch axis first, (N, ...); got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{where} must be a floating-point tensor, got {x.dtype}; convert with x.float() / 255")
+    if x.layout != torch.strided:
+        raise TypeError(f"{where} must be a dense tensor, got layout {x.layout}; convert with x.to_dense()")
+    if x.is_meta:
+        raise ValueError(f"{where} are on the meta device (shapes without data); pass a tensor that holds values")
+    if x.shape[0] == 0:
+        raise ValueError(f"{where} hold an empty batch (N = 0), shape {tuple(x.shape)}; expected N >= 1")
+    found = _first_conv(model) if conv_check and x.dim() != 2 else None
+    if found is not None:
+        name, conv = found
+        layout = next(v for k, v in _CONV_LAYOUTS.items() if isinstance(conv, k))
+        rank = layout.count(",") + 1
+        if x.dim() != rank:
+            hint = (
+                "add the batch axis with x.unsqueeze(0) (or pass the image to visualize())"
+                if x.dim() == rank - 1
+                else f"give one {rank}-D batch"
+            )
+            raise ValueError(
+                f"{where} have shape {tuple(x.shape)} ({x.dim()}-D) but the model's first convolution "
+                f"{name or '<model>'!r} ({type(conv).__name__}) takes {rank}-D batches {layout}; {hint}"
+            )
+        check_channels(model, x, where)
+    check_finite(x, where)
+    dtype = model_dtype(model) or x.dtype
+    out = x.to(device=model_device(model), dtype=dtype)
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        out = out.clone()  # a clone made outside inference_mode is a normal tensor
+    return out
