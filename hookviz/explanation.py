@@ -123,6 +123,7 @@ class Explanation:
     labels: Sequence[str] | None = None
     display: dict = field(default_factory=dict)
     coverage: Any = None  # ReLU-rule methods: the ReLUCoverage of the forward pass (what was overridden)
+    preprocess: str | None = None  # what visualize fed the model: "auto"'s choice, or the preprocessing given
 
     def __post_init__(self) -> None:
         # everything checked up front, so a bad result fails here and not halfway through drawing a figure
@@ -419,7 +420,8 @@ class Explanation:
         else:
             targets = f"<{'x'.join(map(str, self.targets.shape))} tensor>"
         relu = "" if self.coverage is None else f", relu={self.coverage.overridden}/{self.coverage.calls}"
+        prep = "" if self.preprocess is None else f", preprocess={self.preprocess!r}"
         return (
             f"Explanation(method={self.method!r}, N={len(self)}{k}, "
-            f"attribution={_shape(self.attribution)}, targets={targets}{relu})"
+            f"attribution={_shape(self.attribution)}, targets={targets}{relu}{prep})"
         )

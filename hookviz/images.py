@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 import torchvision.transforms.functional as TF
-from PIL import Image, UnidentifiedImageError
-from torch import Tensor
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor, nn
 from torchvision.transforms import InterpolationMode
 
 from .inputs import check_finite
@@ -45,6 +45,8 @@ __all__ = [
     "ImageLike",
     "Preprocess",
     "Preset",
+    "auto_preprocess",
+    "describe_preprocess",
     "load_images",
 ]
 
@@ -193,6 +195,92 @@ IMAGENET = Preset("imagenet", 256, 224, IMAGENET_MEAN, IMAGENET_STD)
 PRESETS: dict[str, Preset] = {"imagenet": IMAGENET, "none": Preset("none", None, None, None, None)}
 
 
+class _TimmTransform:
+    """timm's eval transform (resize, center crop, normalize) for float (C, H, W) tensors in [0, 1], with the
+    ``mean``/``std`` attributes `load_images` uses to undo the normalization for display."""
+
+    def __init__(self, config: dict[str, Any], transform: Callable[[Tensor], Tensor]) -> None:
+        self.config = config
+        self.transform = transform
+        self.mean = tuple(config["mean"])
+        self.std = tuple(config["std"])
+
+    def __call__(self, img: Tensor) -> Tensor:
+        return self.transform(img)
+
+    def __repr__(self) -> str:
+        c = self.config
+        size = "x".join(map(str, c["input_size"][1:]))
+        return (
+            f"timm data config ({size}, crop_pct {c.get('crop_pct')}, {c.get('interpolation')}, "
+            f"mean {tuple(round(v, 4) for v in self.mean)}, std {tuple(round(v, 4) for v in self.std)})"
+        )
+
+
+def _timm_preprocess(model: nn.Module) -> _TimmTransform | None:
+    """timm's ``resolve_data_config`` + ``create_transform`` for a timm model (one with a ``pretrained_cfg``)."""
+    if not isinstance(getattr(model, "pretrained_cfg", None), dict):
+        return None
+    try:
+        from timm.data import create_transform, resolve_data_config
+    except ImportError:
+        return None
+    config = resolve_data_config({}, model=model)
+    # on tensors: torchvision's Resize / CenterCrop take them, timm's MaybeToTensor passes them through
+    return _TimmTransform(config, create_transform(**config, is_training=False))
+
+
+def describe_preprocess(preprocess: Any) -> str:
+    """A short name of a preprocessing for titles and reprs (a Preset's geometry and normalization, a callable's
+    repr or class name)."""
+    if preprocess is None:
+        return "none"
+    if isinstance(preprocess, str):
+        preprocess = PRESETS.get(preprocess, preprocess)
+    if isinstance(preprocess, Preset):
+        geometry = []
+        if preprocess.resize is not None:
+            geometry.append(f"resize {preprocess.resize}")
+        if preprocess.crop is not None:
+            geometry.append(f"crop {preprocess.crop}")
+        norm = "[0, 1]" if preprocess.mean is None else f"mean {preprocess.mean}, std {preprocess.std}"
+        return f"{preprocess.name} ({', '.join(geometry + [norm])})"
+    if isinstance(preprocess, _TimmTransform):
+        return repr(preprocess)
+    text = " ".join(repr(preprocess).split())
+    return text if len(text) <= 160 else type(preprocess).__name__
+
+
+def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Preprocess, str]:
+    """The preprocessing `model` expects, and how it was found (what ``visualize(preprocess="auto")`` uses).
+
+    In order: a preset the model carries (``model.hookviz_preset``: a `Preset` or a callable; the shapes model of
+    `hookviz.zoo` carries its 64x64, [0, 1] one); torchvision weights' ``transforms()`` when `weights` (a weights
+    enum member) is given; a timm model's data config (``timm.data.resolve_data_config`` + ``create_transform``,
+    when timm is installed and the model has a ``pretrained_cfg``); else the ImageNet preset.
+    """
+    own = getattr(model, "hookviz_preset", None)
+    if own is not None:
+        if not (isinstance(own, Preset) or callable(own)):
+            raise TypeError(
+                f"model.hookviz_preset must be a hookviz.Preset or a callable (C, H, W) -> (C, H, W), got "
+                f"{type(own).__name__}"
+            )
+        return own, f"the model's own preset: {describe_preprocess(own)}"
+    if weights is not None:
+        transforms = getattr(weights, "transforms", None)
+        if not callable(transforms):
+            raise TypeError(
+                f"weights must be a torchvision weights enum member (e.g. ResNet18_Weights.DEFAULT), whose "
+                f"transforms() gives its preprocessing; got {type(weights).__name__}"
+            )
+        return transforms(), f"{weights}.transforms(): {describe_preprocess(transforms())}"
+    timm_transform = _timm_preprocess(model)
+    if timm_transform is not None:
+        return timm_transform, repr(timm_transform)
+    return IMAGENET, f"default: {describe_preprocess(IMAGENET)}"
+
+
 @dataclass
 class Batch:
     """What :func:`load_images` returns.
@@ -213,6 +301,11 @@ def _resolve_preprocess(preprocess: Any) -> tuple[Preset | Preprocess, Preset | 
     if preprocess is None:
         return PRESETS["none"], PRESETS["none"]
     if isinstance(preprocess, str):
+        if preprocess == "auto":
+            raise ValueError(
+                "preprocess: 'auto' needs the model, which load_images does not get; call a method's visualize(), "
+                "or pass auto_preprocess(model)[0]"
+            )
         if preprocess not in PRESETS:
             raise ValueError(
                 f"preprocess: unknown preset {preprocess!r}; valid names are {sorted(PRESETS)}, or pass a Preset, "
@@ -252,6 +345,27 @@ def _resolve_device(device: Any) -> torch.device:
         return torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"device: {device!r} is not a valid device; use e.g. 'cpu', 'cuda' or 'cuda:0'") from exc
+
+
+def _uint8_images(x: Tensor, where: str) -> list[tuple[Tensor, str]]:
+    """A uint8 image tensor (C, H, W) or (N, C, H, W), C in 1, 3, 4 (``torchvision.io.read_image``'s layout) ->
+    one (C, H, W) uint8 tensor per image, each with its name for messages."""
+    shape = tuple(x.shape)
+    if x.ndim not in (3, 4) or shape[-3] not in (1, 3, 4):
+        hint = (
+            "; it looks channels-last (H, W, C): pass x.permute(2, 0, 1)"
+            if x.ndim == 3 and shape[-1] in (1, 3, 4)
+            else ""
+        )
+        raise ValueError(
+            f"{where}: uint8 tensors are read as images (C, H, W) or (N, C, H, W) with C in 1, 3 or 4 (the layout "
+            f"of torchvision.io.read_image), got shape {shape}{hint}; token ids go to visualize(..., tokens=True)"
+        )
+    if x.numel() == 0:
+        raise ValueError(f"{where}: got an empty tensor of shape {shape}")
+    if x.ndim == 3:
+        return [(x.detach(), where)]
+    return [(img, f"{where}[{k}]") for k, img in enumerate(x.detach())]
 
 
 def _check_tensor(x: Tensor, where: str) -> Tensor:
@@ -310,8 +424,20 @@ def _pixels_from_array(arr: np.ndarray, where: str, allowed: tuple[int, ...] = (
     return out.permute(2, 0, 1)
 
 
+def _upright(im: Image.Image) -> Image.Image:
+    """The image as it is meant to be seen: a JPEG's EXIF orientation (phone photos) applied, the tag removed."""
+    try:
+        orientation = im.getexif().get(0x0112, 1)  # 0x0112: the EXIF Orientation tag
+    except Exception:  # a broken EXIF block is no reason to refuse the pixels
+        return im
+    return ImageOps.exif_transpose(im) if orientation not in (None, 1) else im
+
+
 def _pixels_from_pil(im: Image.Image, where: str) -> Tensor:
-    """PIL image -> (C, H, W) CPU tensor with C in 1 (L), 2 (LA), 3 (RGB) or 4 (RGBA); uint8 or float32 in [0, 1]."""
+    """PIL image -> (C, H, W) CPU tensor with C in 1 (L), 2 (LA), 3 (RGB) or 4 (RGBA); uint8 or float32 in [0, 1].
+
+    The EXIF orientation is applied first (`_upright`)."""
+    im = _upright(im)
     mode = im.mode
     if mode.startswith("I;16"):
         # PIL's convert() clips 16-bit values at 255; scale them instead.
@@ -468,9 +594,12 @@ def load_images(
     - numpy array HxW or HxWxC (C in 1, 3, 4, where 4 is RGBA, composited over white): uint8 0..255, bool, or float
       in [0, 1];
     - tensor (C, H, W) or (N, C, H, W), float: taken as model-ready, so NOT preprocessed; it gets a batch axis and
-      is copied (detached) to ``device``. Its display copy is min-max scaled per image and made 3-channel.
+      is copied (detached) to ``device``. Its display copy is min-max scaled per image and made 3-channel;
+    - tensor (C, H, W) or (N, C, H, W), uint8 (``torchvision.io.read_image``), C in 1, 3, 4: images, scaled by
+      1/255 and preprocessed like the forms above.
 
-    Non-tensor images become float (channels, H, W) in [0, 1] (``channels`` 3: RGB, 1: ITU-R 601-2 luminance), then:
+    Paths and PIL images are turned upright by their EXIF orientation (phone photos). All but float tensors become
+    float (channels, H, W) in [0, 1] (``channels`` 3: RGB, 1: ITU-R 601-2 luminance), then:
 
     - ``"imagenet"`` (default) or a Preset: ``images = preset.geometry(img)``, ``tensor = preset.normalize(images)``;
     - ``None`` or ``"none"``: nothing is applied (``tensor == images`` for 3 channels);
@@ -489,7 +618,7 @@ def load_images(
     if not items:
         raise ValueError("images: got an empty list; pass at least one path, PIL image, numpy array or tensor")
     wheres = ["images"] if single else [f"images[{i}]" for i in range(len(items))]
-    has_non_tensor = any(not isinstance(item, Tensor) for item in items)
+    has_non_tensor = any(not isinstance(item, Tensor) or item.dtype == torch.uint8 for item in items)
     if has_non_tensor:
         if channels not in (1, 3):
             raise ValueError(
@@ -505,7 +634,12 @@ def load_images(
     model_parts: list[Tensor] = []
     display_parts: list[Tensor] = []
     for item, where in zip(items, wheres, strict=True):
-        if isinstance(item, Tensor):
+        if isinstance(item, Tensor) and item.dtype == torch.uint8:
+            for pixels, name in _uint8_images(item, where):
+                x, shown = _apply(transform, display, _to_float(pixels.to(target), channels), target, name)
+                model_parts.append(x)
+                display_parts.append(shown)
+        elif isinstance(item, Tensor):
             # detach: the batch is a fresh input, not a node in the caller's graph.
             x = _check_tensor(item, where).detach().to(device=target, dtype=torch.float32)
             model_parts.append(x)

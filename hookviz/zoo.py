@@ -24,6 +24,8 @@ from PIL import Image, ImageDraw
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from .images import Preset
+
 CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "ring", "crescent", "heart")
 
 # Images are drawn in chunks of this many, each from its own generator seeded by (seed, chunk index): image i
@@ -333,6 +335,9 @@ class ShapesCNN(nn.Module):
     holds the cases hookviz must handle: one ``nn.ReLU`` module (``relu``) called twice per forward, a functional
     ``F.relu``, an in-place ReLU and BatchNorm.
     """
+
+    # its own preprocessing (64x64, [0, 1], no normalization), which visualize(preprocess="auto") reads
+    hookviz_preset = Preset("shapes", 64, 64, None, None)
 
     def __init__(self, num_classes: int = len(CLASSES)) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import HookManager
-from ..images import load_images
+from ..images import auto_preprocess, describe_preprocess, load_images
 from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call
@@ -135,36 +135,61 @@ class Attribution:
         images: Any,
         target: TargetSpec = None,
         *,
-        preprocess: Any = "imagenet",
+        preprocess: Any = "auto",
+        weights: Any = None,
         labels: Sequence[str] | Any | None = None,
         vocab: Sequence[str] | Callable[[int], str] | None = None,
+        tokens: bool | None = None,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
     ) -> Explanation | TokenExplanation:
         """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
 
-        Non-tensor images go through `preprocess` (default: the ImageNet preset; any callable such as a
-        torchvision weights' ``transforms()``); tensors are used as given. `labels`: class names indexed by class id,
-        or a torchvision weights enum member (its ``meta["categories"]``). The `Explanation` shows itself in Jupyter.
+        Paths, PIL images, numpy arrays and uint8 tensors (``torchvision.io.read_image``: (C, H, W) or (N, C, H, W),
+        scaled by 1/255) go through `preprocess`; float tensors are used as given. ``preprocess="auto"`` (default)
+        uses the model's own preprocessing (`hookviz.images.auto_preprocess`: a preset the model carries, the
+        transforms of torchvision `weights`, a timm model's data config, else ImageNet); a preset name, a `Preset`
+        or any callable (e.g. ``weights.transforms()``) always wins. The choice is in the Explanation's
+        ``preprocess`` (and its repr). `weights`: a torchvision weights enum member: its ``transforms()`` and,
+        unless `labels` is given, its ``meta["categories"]``. `labels`: class names indexed by class id, or a
+        weights enum member. The `Explanation` shows itself in Jupyter.
 
         Token ids (an integer (N, T) tensor, with a method built with ``layer=``, e.g. the embedding) give a
-        `hookviz.text.TokenExplanation` instead: highlighted text, `vocab` (a list or a callable id -> str) naming
-        the tokens.
+        `hookviz.text.TokenExplanation` instead, with `vocab` (a list or a callable id -> str) naming the tokens:
+        ``tokens=True`` says so explicitly; with None (default) integer tensors other than uint8 are token ids and
+        uint8 tensors are images. `forward_kwargs` (e.g. ``{"attention_mask": mask}``) go to ``forward``.
         """
         from ..explanation import Explanation
 
-        if isinstance(images, Tensor) and not (images.is_floating_point() or images.is_complex()):
+        if tokens is not None and not isinstance(tokens, bool):
+            raise TypeError(f"tokens must be None (inferred), True or False, got {type(tokens).__name__}")
+        integer = isinstance(images, Tensor) and not (images.is_floating_point() or images.is_complex())
+        if tokens is True and not integer:
+            got = f"a {images.dtype} tensor" if isinstance(images, Tensor) else type(images).__name__
+            raise TypeError(f"tokens=True needs an integer tensor of token ids (N, T), got {got}")
+        if tokens or (tokens is None and integer and images.dtype != torch.uint8):
             from ..text import explain_tokens
 
             return explain_tokens(
-                self, images, target, vocab=vocab, labels=labels, additional_forward_args=additional_forward_args
+                self,
+                images,
+                target,
+                vocab=vocab,
+                labels=labels if labels is not None else weights,
+                additional_forward_args=additional_forward_args,
+                forward_kwargs=forward_kwargs,
             )
+        if isinstance(preprocess, str) and preprocess == "auto":
+            preprocess, chosen = auto_preprocess(self.model, weights)
+        else:
+            chosen = f"given: {describe_preprocess(preprocess)}"
         batch = load_images(
             images,
             preprocess=preprocess,
             device=model_device(self.model),
             channels=expected_channels(self.model) or 3,
         )
-        x, kwargs, _ = self._call_args(batch.tensor, additional_forward_args)
+        x, kwargs, _ = self._call_args(batch.tensor, additional_forward_args, forward_kwargs)
         attribution, targets = self._explain(x, target, **kwargs)
         # multi-input methods take and give tuples: one image tensor came, one attribution goes
         attribution = attribution[0] if isinstance(attribution, tuple) else attribution
@@ -177,9 +202,10 @@ class Attribution:
             scores=targets.scores.detach(),
             method=type(self).__name__,
             multi_target=targets.multi,
-            labels=labels,
+            labels=labels if labels is not None else weights,
             display=dict(self.display_defaults),
             coverage=getattr(self, "coverage", None),
+            preprocess=chosen if batch.preprocess is not None else "none (float tensors are used as given)",
         )
 
     def __repr__(self) -> str:
