@@ -151,16 +151,17 @@ class CAMAttribution(Attribution):
         *,
         upsample: bool | str = False,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
     ) -> Tensor:
         """Maps of shape (N, 1, h, w) at the layer's resolution ((N, K, 1, h, w) with K targets per input).
 
         ``upsample`` resizes them to the input's (H, W) (the first input's, for a tuple): True or ``"bilinear"``
         (``align_corners=False``), ``"nearest"`` (as captum's ``LayerAttribution.interpolate`` default) or
-        ``"bicubic"``; False keeps them. A tuple of inputs and `additional_forward_args` are passed to ``forward`` as
-        in `Attribution.attribute`.
+        ``"bicubic"``; False keeps them. A tuple of inputs, `additional_forward_args` and `forward_kwargs` are passed
+        to ``forward`` as in `Attribution.attribute`.
         """
         mode = check_upsample(upsample)
-        x, kwargs, _ = self._call_args(inputs, additional_forward_args)
+        x, kwargs, _ = self._call_args(inputs, additional_forward_args, forward_kwargs)
         cam, _ = self._explain(x, target, **kwargs)
         if mode is not None:
             cam = upsample_maps(cam, tuple(as_tuple(x)[0].shape[-2:]), mode)
