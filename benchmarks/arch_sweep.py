@@ -408,7 +408,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="architecture names to run (default: all)")
     parser.add_argument("--subset", action="store_true", help="the fast subset the tests run")
     parser.add_argument("--out", default="benchmarks/results/architectures.md")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     archs = {a.name: a for a in (subset_archs() if args.subset else all_archs())}
     names = args.only or list(archs)
     methods = sorted(hv.METHODS)

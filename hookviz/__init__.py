@@ -12,7 +12,7 @@ from .explanation import Explanation
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
-from .images import IMAGENET, Batch, Preset, load_images
+from .images import IMAGENET, Batch, Preset, auto_preprocess, load_images
 from .methods import (
     METHODS,
     RISE,
@@ -94,6 +94,7 @@ __all__ = [
     "TokenExplanation",
     "VarGrad",
     "XGradCAM",
+    "auto_preprocess",
     "batched_grad",
     "deletion",
     "energy_in_mask",
