@@ -397,6 +397,9 @@ def table(results: dict[str, dict[str, Any]], methods: list[str], archs: dict[st
         size = "tokens" if arch.tokens is not None else str(arch.size)
         cells = " | ".join(r["cells"][m] for m in methods)
         lines.append(f"| {name} | {size} | {r['cam']} | `{r['layer']}` | {r['layout']} | {r['untouched']} | {cells} |")
+    left_out = sorted(set(hv.METHODS) - set(methods))
+    if left_out:
+        lines += ["", f"Left out of this run (``--skip``, for time): {', '.join(left_out)}."]
     ok = sum(r["cam"] == "ok" for r in results.values())
     timm_n = sum(archs[n].source == "timm" for n in results)
     lines += ["", f"{len(results)} architectures ({timm_n} timm); automatic CAM equal to the reference on {ok}."]
@@ -409,12 +412,18 @@ def main() -> None:
     parser.add_argument("--subset", action="store_true", help="the fast subset the tests run")
     parser.add_argument("--out", default="benchmarks/results/architectures.md")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="methods left out (e.g. scorecam: one masked forward per channel)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     archs = {a.name: a for a in (subset_archs() if args.subset else all_archs())}
     names = args.only or list(archs)
-    methods = sorted(hv.METHODS)
+    unknown = set(args.skip) - set(hv.METHODS)
+    if unknown:
+        parser.error(f"--skip: unknown methods {sorted(unknown)}; available: {sorted(hv.METHODS)}")
+    methods = [m for m in sorted(hv.METHODS) if m not in args.skip]
     results = {}
     for name in names:
         start = time.perf_counter()
