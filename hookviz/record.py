@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .hooks import HookManager, Selector, select_modules
 from .inputs import model_device
+from .layouts import LayoutSpec, resolve_layout
 
 __all__ = ["ActivationRecorder", "GradientRecorder", "call_key"]
 
@@ -231,6 +232,18 @@ class _Recorder:
 
     def __contains__(self, key: object) -> bool:
         return key in self._history
+
+    def spatial(self, key: str, *, layout: LayoutSpec = None, input_size: tuple[int, int] | None = None) -> Tensor:
+        """The latest tensor recorded under `key` as (N, C, h, w) maps, read in its layout (`hookviz.layouts`):
+        NCHW as it is, channels-last (N, h, w, C) permuted, (N, T, D) tokens folded after their prefix tokens.
+
+        `layout` ("nchw", "nhwc", "tokens" or a callable) overrides the inference; `input_size` (H, W) of the
+        model's input tells channels-last maps and non-square token grids apart (square inputs are assumed
+        without it). Raises `ValueError` naming the key, its shape and ``layout=`` where no layout fits.
+        """
+        t = self[key]
+        module = dict(self.model.named_modules()).get(key.split("#")[0])
+        return resolve_layout(key, t, layout=layout, input_size=input_size, module=module, model=self.model)(t)
 
     def __len__(self) -> int:
         return len(self._history)

@@ -264,3 +264,22 @@ def test_all_zero_map_warns_with_the_reason() -> None:
         negative.norm.bias.fill_(1.0)  # constant positive activations, negative gradient: the ReLU leaves nothing
     with pytest.warns(UserWarning, match=r"at layer 'norm' the weighted sum of the channels is <= 0 everywhere"):
         hv.GradCAM(negative, layer="norm").attribute(batch(h=16, w=16), target=1)
+
+
+# -- recorders' spatial views ------------------------------------------------------------------------------------------
+def test_recorder_spatial_view_reads_layouts() -> None:
+    model = ChannelsLast()
+    x = batch(h=16, w=24)
+    with hv.ActivationRecorder(model, "norm") as rec:
+        model(x)
+    raw = rec["norm"]
+    assert raw.shape == (2, 8, 12, 6)
+    torch.testing.assert_close(rec.spatial("norm", input_size=(16, 24)), nhwc_to_nchw(raw))
+    tokens = PatchTokens(prefix=1)
+    with hv.ActivationRecorder(tokens, "act") as rec:
+        tokens(batch(h=32, w=48))
+    torch.testing.assert_close(rec.spatial("act", input_size=(32, 48)), tokens_to_grid(rec["act"], 1, 4, 6))
+    with pytest.raises(ValueError, match=r"layout='tokens' needs a 3-D \(N, T, D\) output, but layer 'norm'"):
+        with hv.ActivationRecorder(model, "norm") as rec:
+            model(x)
+        rec.spatial("norm", layout="tokens")
