@@ -513,7 +513,9 @@ def test_cuda_device(rgb_array: np.ndarray) -> None:
         (np.zeros((0, 4), np.uint8), {}, ValueError, r"got an empty image of shape \(0, 4\)"),
         (np.zeros((4, 4), np.int64), {}, TypeError, r"numpy image dtype int64 is not supported; expected uint8"),
         (np.zeros((4, 4), np.uint16), {}, TypeError, r"dtype uint16 .* arr / 65535"),
-        (torch.zeros(3, 4, 4, dtype=torch.uint8), {}, TypeError, r"got dtype torch\.uint8.*x\.float\(\) / 255"),
+        # uint8 tensors are images (torchvision.io.read_image); other integer tensors are refused
+        (torch.zeros(3, 4, 4, dtype=torch.int16), {}, TypeError, r"got dtype torch\.int16.*x\.float\(\) / 255"),
+        (torch.zeros(5, 6, 3, dtype=torch.uint8), {}, ValueError, r"uint8 tensors are read as images.*permute"),
         (torch.zeros(4, 4), {}, ValueError, r"images: expected a tensor \(C, H, W\) or .*, got shape \(4, 4\)"),
         ([torch.zeros(1, 1, 3, 4, 4)], {}, ValueError, r"images\[0\]: .*got shape \(1, 1, 3, 4, 4\)"),
         (torch.zeros(0, 3, 4, 4), {}, ValueError, r"got an empty tensor of shape \(0, 3, 4, 4\)"),
