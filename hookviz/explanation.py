@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import io
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,15 +30,15 @@ from torch import Tensor
 
 from . import display as _display
 from . import panels as _panels
+from ._formats import SAVE_FORMATS, save_format
+from ._present import presenter
 from .display_options import _UNSET, DISPLAY_KEYS, _check_option, _check_overrides, _UnsetType, resolve_options
 
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
 
-__all__ = ["DISPLAY_KEYS", "Explanation", "resolve_labels"]
-
-SAVE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg", ".jpg": "jpg", ".jpeg": "jpg"}
+__all__ = ["DISPLAY_KEYS", "SAVE_FORMATS", "Explanation", "resolve_labels"]
 
 
 def _shape(t: Tensor) -> tuple[int, ...]:
@@ -333,6 +334,43 @@ class Explanation:
 
     # ---------------------------------------------------------------- pixels (cpu)
 
+    def _panels(self, where: str, options: dict[str, Any]) -> _panels.Panels:
+        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
+        o = self._options(where, **options)
+        if len(self) == 0:
+            raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
+        k = self.num_targets
+        n_rows = min(o["max_rows"], len(self) * k)
+        n_samples = math.ceil(n_rows / k)
+        # only compute what is drawn; but shared statistics come from the whole batch, so the colours of a row do
+        # not depend on how many rows are drawn
+        src = self if o["scale"] == "shared" else self[:n_samples]
+        view = {key: o[key] for key in ("cmap", "mode", "reduce", "sign", "scale", "percentile")}
+
+        def with_k(t: Tensor) -> Tensor:
+            t = t[:n_samples]
+            return t if self.multi_target else t.unsqueeze(1)
+
+        def to_hwc(t: Tensor) -> np.ndarray:
+            # (N, K, 3, H, W) -> (N, K, H, W, 3) uint8 on the device, then one cpu transfer for the whole column
+            return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
+
+        images = self._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
+        columns = [("image", to_hwc(images)), (self.method, to_hwc(with_k(src.heatmap(**view))))]
+        if o["overlay"]:
+            over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
+            columns.append(("overlay", to_hwc(with_k(over))))
+        return _panels.Panels(
+            rows=[divmod(r, k) for r in range(n_rows)],
+            columns=columns,
+            scores=self.scores[:n_samples].detach().float().cpu().tolist(),
+            targets=None if self.targets is None else self.targets[:n_samples].detach().cpu().tolist(),
+            total=len(self) * k,
+            labels=self.labels,
+            multi_target=self.multi_target,
+            header=repr(self),
+        )
+
     def figure(self, max_rows: int | None = None, **options: Any) -> Figure:
         """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
 
@@ -344,9 +382,9 @@ class Explanation:
         """
         from matplotlib.figure import Figure
 
-        panels = _panels.build(self, "figure", {"max_rows": max_rows, **options})
+        panels = self._panels("figure", {"max_rows": max_rows, **options})
         fig = Figure(figsize=_panels.figsize(panels))
-        _panels.draw(fig, self, panels)
+        _panels.draw(fig, panels)
         return fig
 
     def to_html(self, max_rows: int | None = None, **options: Any) -> str:
@@ -355,7 +393,7 @@ class Explanation:
         Each row names the sample, the target class (its label when `labels` has one, and the class id) and the
         score. Same options as `figure`; `_repr_html_` is ``to_html()`` with the display defaults.
         """
-        return _panels.html_table(self, _panels.build(self, "to_html", {"max_rows": max_rows, **options}))
+        return _panels.html_table(self._panels("to_html", {"max_rows": max_rows, **options}))
 
     def _repr_html_(self) -> str:
         """Jupyter's rich view: `to_html` with the display defaults."""
@@ -379,24 +417,19 @@ class Explanation:
             return
         import matplotlib.pyplot as plt
 
-        panels = _panels.build(shown, "show", {})
+        panels = shown._panels("show", {})
         fig = plt.figure(figsize=_panels.figsize(panels))
-        _panels.draw(fig, shown, panels)
+        _panels.draw(fig, panels)
         plt.show()
 
     def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
-        """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path.
+        """Save `figure` to ``path``; the format comes from the suffix (`SAVE_FORMATS`); returns the Path.
 
         ``options`` are those of `figure` (``max_rows`` and the display options). Missing parent directories are
         created, as `hookviz.save_figure` does.
         """
         path = Path(path)
-        fmt = SAVE_FORMATS.get(path.suffix.lower())
-        if fmt is None:
-            raise ValueError(
-                f"path must end with one of {tuple(SAVE_FORMATS)} to choose the format, got suffix "
-                f"{path.suffix!r} in {str(path)!r}"
-            )
+        fmt = save_format(path)
         if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
             raise ValueError(f"dpi must be a positive number, got {dpi!r}")
         fig = self.figure(**options)  # options are checked before anything is written
@@ -423,3 +456,7 @@ class Explanation:
             f"Explanation(method={self.method!r}, N={len(self)}{k}, "
             f"attribution={_shape(self.attribution)}, targets={targets}{relu})"
         )
+
+
+# `Attribution.visualize` (a layer below) builds an Explanation through this seam, never by importing it
+presenter("images")(Explanation)

@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 from . import display as _display
+from . import panels as _panels
+from ._formats import save_format
 from .explanation import Explanation
 
 if TYPE_CHECKING:
@@ -75,7 +77,6 @@ PAPER_RC: dict[str, Any] = {
     "svg.hashsalt": "hookviz",
 }
 
-SAVE_FORMATS = {".pdf": "pdf", ".svg": "svg", ".png": "png", ".eps": "eps", ".jpg": "jpg", ".jpeg": "jpg"}
 # no creation dates or software versions in the files: a figure made the same way gives the same bytes
 _METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {"Software": None}}
 
@@ -220,14 +221,6 @@ def _check_same_images(exps: list[Explanation]) -> None:
 # ---------------------------------------------------------------------------------------------------- labels
 
 
-def _class_name(class_id: int | None, labels: Sequence[str] | None) -> str:
-    if class_id is None:
-        return "custom target"
-    if labels is not None and 0 <= class_id < len(labels):
-        return str(labels[class_id])
-    return f"class {class_id}"
-
-
 def _target_ids(col: _Column) -> list[int | None]:
     if col.exp.targets is None:
         return [None] * len(col.exp)
@@ -238,7 +231,7 @@ def _default_labels(columns: list[_Column], labels: Sequence[str] | None, n: int
     """(row labels, column labels): rows name the target class, columns the method (and target, with K > 1)."""
     ids = [_target_ids(c) for c in columns]
     names = [
-        [_class_name(t, labels if labels is not None else c.exp.labels) for t in col]
+        [_panels.target_title(t, labels if labels is not None else c.exp.labels) for t in col]
         for c, col in zip(columns, ids, strict=True)
     ]
     multi_k = any(c.exp.num_targets > 1 for c in columns)
@@ -509,7 +502,7 @@ def grid(
     if rc is not None:
         _check_rc(rc)
     if out is not None:
-        _save_format(Path(out), "out")
+        save_format(Path(out), "out")
     exps = _as_explanations(items)
     if exps is None:
         exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
@@ -584,13 +577,6 @@ def grid(
     return fig
 
 
-def _save_format(path: Path, name: str = "path") -> str:
-    fmt = SAVE_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"{name} must end with one of {tuple(SAVE_FORMATS)} to choose the format, got {str(path)!r}")
-    return fmt
-
-
 def _check_rc(rc: Any) -> None:
     import matplotlib
 
@@ -621,7 +607,7 @@ def save_figure(fig: Figure, path: str | PathLike[str], *, dpi: float | None = N
     if not isinstance(fig, Figure):
         raise TypeError(f"fig must be a matplotlib Figure (e.g. from hookviz.grid), got {type(fig).__name__}")
     path = Path(path)
-    fmt = _save_format(path)
+    fmt = save_format(path)
     if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0):
         raise ValueError(f"dpi must be a positive number or None, got {dpi!r}")
     rc = {

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from ._formats import save_format
+from ._present import presenter
 from .explanation import resolve_labels
+from .panels import target_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["TokenExplanation", "explain_tokens", "token_colour"]
 
 Vocab = Sequence[str] | Callable[[int], str]
-_FIGURE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 _POSITIVE = (214, 39, 40)  # red: the token speaks for the target
 _NEGATIVE = (31, 119, 180)  # blue: against it
 
@@ -138,12 +140,7 @@ class TokenExplanation:
         return rows, len(rows)
 
     def _target_title(self, i: int, j: int) -> str:
-        if self.targets is None:
-            return "callable target"
-        c = int(self.targets[i, j])
-        if self.labels is not None and 0 <= c < len(self.labels):
-            return f"{self.labels[c]} (class {c})"
-        return f"class {c}"
+        return target_title(None if self.targets is None else int(self.targets[i, j]), self.labels, with_id=True)
 
     def to_html(self, max_rows: int | None = 20, scale: float | None = None) -> str:
         """Highlighted text, one line per (sequence[, target]); the colour scale is shared by all lines.
@@ -212,18 +209,13 @@ class TokenExplanation:
         return fig
 
     def save(self, path: str | PathLike[str], **options: Any) -> Path:
-        """Save as HTML (``.html``) or as a figure (``.png``, ``.pdf``, ``.svg``); options of `to_html` / `figure`."""
+        """Save as HTML (``.html``) or as a figure (a suffix of `SAVE_FORMATS`); options of `to_html` / `figure`."""
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix in (".html", ".htm"):
             path.write_text(f'<!DOCTYPE html><meta charset="utf-8">{self.to_html(**options)}', encoding="utf-8")
             return path
-        fmt = _FIGURE_FORMATS.get(suffix)
-        if fmt is None:
-            raise ValueError(
-                f"path must end with .html or one of {tuple(_FIGURE_FORMATS)} to choose the format, got suffix "
-                f"{path.suffix!r} in {str(path)!r}"
-            )
+        fmt = save_format(path, also=".html or ")
         self.figure(**options).savefig(path, format=fmt, dpi=150)
         return path
 
@@ -232,6 +224,7 @@ class TokenExplanation:
         return f"TokenExplanation(method={self.method!r}, N={len(self)}{k}, tokens={tuple(self.tokens.shape)})"
 
 
+@presenter("tokens")  # `Attribution.visualize` of token ids comes here through the seam
 def explain_tokens(
     method: Attribution,
     tokens: Tensor,

@@ -420,7 +420,7 @@ def test_save_formats(tmp_path, suffix, magic):
 
 
 def test_save_unknown_suffix(tmp_path):
-    with pytest.raises(ValueError, match=r"path must end with one of \('.png', '.pdf', '.svg'.*got suffix '.gif'"):
+    with pytest.raises(ValueError, match=r"path must end with one of \('.pdf', '.svg', '.png', '.eps'.*got suffix '.gif'"):
         make().save(tmp_path / "fig.gif")
     with pytest.raises(ValueError, match="got suffix ''"):
         make().save(tmp_path / "fig")

@@ -28,7 +28,8 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 
 def _demo(args: argparse.Namespace) -> int:
     from .. import GradCAM, GuidedBackprop, GuidedGradCAM
-    from ..figures import SAVE_FORMATS, grid, save_figure
+    from .._formats import SAVE_FORMATS
+    from ..figures import grid, save_figure
     from ..inputs import Preset
     from ..methods import get_method
     from ..metrics import pointing_game

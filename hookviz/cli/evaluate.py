@@ -69,7 +69,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     import inspect
     import warnings
 
-    from ..figures import SAVE_FORMATS
+    from .._formats import SAVE_FORMATS
     from ..methods import get_method
     from ..metrics import Evaluation, SanityReport, evaluate, sanity_check
     from ..zoo import shapes, shapes_model

@@ -72,7 +72,8 @@ def _read_labels(path: str) -> list[str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ..figures import SAVE_FORMATS, grid, save_figure
+    from .._formats import SAVE_FORMATS
+    from ..figures import grid, save_figure
 
     methods = _parse_methods(args.method)
     target_ids = _parse_target(args.target)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data import default_collate as _default_collate
 
+from .._progress import progress_bar
 from ..inputs import model_device
 from ..methods.base import Attribution
 from . import store as _store
@@ -331,7 +332,7 @@ def explain_dataset(
             options, target spec, dtype, item count or shard size is refused with the mismatch named. With
             ``resume=False`` an existing run is refused too.
         overwrite: delete the run found in `out` (only its own files) and start again.
-        progress: a tqdm bar with images/s (when tqdm is installed; rank 0 only).
+        progress: a tqdm bar with images/s (rank 0 only).
 
     Crash safety: each shard is written to a temporary name, fsync'ed and renamed atomically, then the manifest is
     rewritten the same way, so a run killed at any point (SIGKILL included) and run again yields exactly the maps of
@@ -484,7 +485,9 @@ def _compute(
     store_dtype = DTYPES[dtype]
     writer = _Writer(out, manifest_path, manifest)
     writer.start()
-    bar = _progress_bar(sum(b - a for _, a, b in plan), progress)
+    bar = progress_bar(
+        total=sum(b - a for _, a, b in plan), enabled=progress, unit="img", desc="explain_dataset", dynamic_ncols=True
+    )
     buf: _Shard | None = None
     try:
         batches = iter(loader)
@@ -535,11 +538,9 @@ def _compute(
             if b == buf.stop:
                 writer.submit(buf)
                 buf = None
-            if bar is not None:
-                bar.update(b - a)
+            bar.update(b - a)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         writer.close()  # the shards finished so far are saved, also when the loop was interrupted
     writer.raise_error()
     return map_shape
@@ -550,13 +551,3 @@ def _labels(labels: Any, a: int, b: int) -> Tensor:
         got = f"a tensor of {labels.dtype} {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels)
         raise TypeError(f"target='label' needs integer class labels; items {a}..{b - 1} have labels of {got}")
     return labels
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is a dependency, but a stripped environment may lack it: no bar then
-        return None
-    return tqdm(total=total, unit="img", desc="explain_dataset", dynamic_ncols=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,7 +14,8 @@ import numpy as np
 
 from . import export, plots
 from .alarms import Alarm
-from .layout import _MISSING, _MODULE_STATS, _PARAM_STATS, _base, _Chunk
+from .data import FlowData
+from .layout import _MISSING, _MODULE_STATS, _base, _Chunk
 from .locate import _finite
 from .watch import _Watched
 
@@ -23,8 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-@dataclass
-class FlowStats:
+class FlowStats(FlowData):
     """Every statistic recorded by a `GradientFlow`, as numpy arrays over the recorded steps.
 
     ``param_stats[stat]`` is (S, P) over `params` for ``grad_norm`` (L2), ``grad_mean_abs``, ``grad_max_abs`` and
@@ -38,70 +38,6 @@ class FlowStats:
     ``param_present[stat]`` / ``module_present[stat]`` (same shapes, bool) are False; where they are True, a NaN is a
     NaN.
     """
-
-    steps: np.ndarray
-    params: list[str]
-    param_modules: list[str]
-    param_numel: list[int]
-    modules: list[str]
-    module_types: list[str]
-    param_stats: dict[str, np.ndarray]
-    param_present: dict[str, np.ndarray]
-    module_stats: dict[str, np.ndarray]
-    module_present: dict[str, np.ndarray]
-    total_grad_norm: np.ndarray
-    alarms: list[Alarm] = field(default_factory=list)
-
-    @property
-    def param_has_grad(self) -> np.ndarray:
-        """(S, P) bool: where a parameter had a gradient."""
-        return self.param_present["grad_norm"]
-
-    @property
-    def module_has_grad(self) -> np.ndarray:
-        """(S, M) bool: where a module had a gradient in one of its parameters."""
-        return self.module_present["grad_norm"]
-
-    # -- access ---------------------------------------------------------------------------------------------------
-    def module(self, name: str, stat: str = "grad_norm") -> np.ndarray:
-        """(S,) values of `stat` for module (or call key) `name`."""
-        return self.module_stats[_check_stat(stat, _MODULE_STATS)][:, self._index(self.modules, name, "module")]
-
-    def param(self, name: str, stat: str = "grad_norm") -> np.ndarray:
-        """(S,) values of `stat` for parameter `name`."""
-        return self.param_stats[_check_stat(stat, _PARAM_STATS)][:, self._index(self.params, name, "parameter")]
-
-    def module_has_value(self, stat: str) -> np.ndarray:
-        """(S, M) bool: where `stat` has a value (NaN there means a NaN, not a missing value)."""
-        return self.module_present[_check_stat(stat, _MODULE_STATS)]
-
-    def row(self, step: int | None) -> int:
-        """Row index of training step `step` (None: the last recorded)."""
-        if len(self.steps) == 0:
-            raise ValueError("nothing recorded yet: take a training step with the GradientFlow attached first")
-        if step is None:
-            return len(self.steps) - 1
-        hits = np.flatnonzero(self.steps == step)
-        if hits.size == 0:
-            raise ValueError(
-                f"step {step} was not recorded; recorded steps: {_few(self.steps.tolist())} (every= skips steps)"
-            )
-        return int(hits[0])
-
-    @staticmethod
-    def _index(names: list[str], name: str, what: str) -> int:
-        try:
-            return names.index(name)
-        except ValueError:
-            import difflib
-
-            close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
-            hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
-            raise KeyError(f"no {what} named {name!r} was watched{hint}") from None
-
-    def _param_modules(self) -> list[int]:
-        owners = set(self.param_modules)
-        return [j for j, m in enumerate(self.modules) if m in owners]
 
     # -- report ---------------------------------------------------------------------------------------------------
     def report(self, step: int | None = None) -> FlowReport:
@@ -172,20 +108,10 @@ class FlowStats:
         over the model). Returns the Figure."""
         return plots.plot_norms(self, names, stat, level=level, ax=ax, log=log)
 
-    def _matrix(self, stat: str, level: str) -> tuple[list[str], np.ndarray]:
-        if level == "module":
-            return self.modules, self.module_stats[_check_stat(stat, _MODULE_STATS)]
-        if level == "param":
-            return self.params, self.param_stats[_check_stat(stat, _PARAM_STATS)]
-        raise ValueError(f"level must be 'module' or 'param', got {level!r}")
-
     # -- exports --------------------------------------------------------------------------------------------------
     def records(self) -> Iterable[tuple[int, str, str, str, float]]:
         """Long format: (step, level, name, stat, value) for every statistic that has a value."""
         return export.records(self)
-
-    def _row_records(self, r: int) -> Iterable[tuple[int, str, str, str, float]]:
-        return export.row_records(self, r)
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write `records` as CSV (columns step, level, name, stat, value; non-finite values as nan/inf)."""
@@ -198,16 +124,6 @@ class FlowStats:
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         """Write `to_dict` as JSON (strict: no bare NaN/Infinity tokens)."""
         return export.to_json(self, path)
-
-
-def _check_stat(stat: str, allowed: tuple[str, ...]) -> str:
-    if stat not in allowed:
-        raise ValueError(f"stat must be one of {', '.join(allowed)}; got {stat!r}")
-    return stat
-
-
-def _few(values: list[int]) -> str:
-    return ", ".join(map(str, values)) if len(values) <= 8 else f"{values[0]}, {values[1]}, ..., {values[-1]}"
 
 
 def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: list[Alarm]) -> FlowStats:

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from .._present import present
 from ..hooks import HookManager
 from ..inputs import check_model_inputs, expected_channels, load_images, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call
-
-if TYPE_CHECKING:
-    from ..explanation import Explanation
-    from ..text import TokenExplanation
 
 METHODS: dict[str, type[Attribution]] = {}
 
@@ -120,8 +117,8 @@ class Attribution:
         labels: Sequence[str] | Any | None = None,
         vocab: Sequence[str] | Callable[[int], str] | None = None,
         additional_forward_args: Any = None,
-    ) -> Explanation | TokenExplanation:
-        """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
+    ) -> Any:
+        """Explain images given as paths, PIL images, numpy arrays or tensors; returns a `hookviz.Explanation`.
 
         Non-tensor images go through `preprocess` (default: the ImageNet preset; any callable such as a
         torchvision weights' ``transforms()``); tensors are used as given. `labels`: class names indexed by class id,
@@ -130,14 +127,19 @@ class Attribution:
         Token ids (an integer (N, T) tensor, with a method built with ``layer=``, e.g. the embedding) give a
         `hookviz.text.TokenExplanation` instead: highlighted text, `vocab` (a list or a callable id -> str) naming
         the tokens.
+
+        The result objects live in the presentation layer above the methods; they are reached through
+        `hookviz._present` (registered by `hookviz.explanation` and `hookviz.text`), not imported here.
         """
-        from ..explanation import Explanation
-
         if isinstance(images, Tensor) and not (images.is_floating_point() or images.is_complex()):
-            from ..text import explain_tokens
-
-            return explain_tokens(
-                self, images, target, vocab=vocab, labels=labels, additional_forward_args=additional_forward_args
+            return present(
+                "tokens",
+                self,
+                images,
+                target,
+                vocab=vocab,
+                labels=labels,
+                additional_forward_args=additional_forward_args,
             )
         batch = load_images(
             images,
@@ -150,7 +152,8 @@ class Attribution:
         # multi-input methods take and give tuples: one image tensor came, one attribution goes
         attribution = attribution[0] if isinstance(attribution, tuple) else attribution
         x = x[0] if isinstance(x, tuple) else x
-        return Explanation(
+        return present(
+            "images",
             attribution=attribution.detach(),
             images=batch.images,
             inputs=x,

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._progress import progress_bar
 from ..hooks import HookManager
-from ..record import _tqdm
 from ..targets import TargetPlan, Targets
 from .base import Attribution, register
 from .gradient import (
@@ -92,13 +92,16 @@ class PerturbationAttribution(Attribution):
 
     def _passes(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         """Row ranges of the expanded batch, behind a tqdm bar unless ``progress=False`` (None: after 2 s)."""
-        tqdm = None if self.progress is False else _tqdm()
-        if tqdm is None:
-            yield from _chunks(total, self.batch_size)
-            return
         n = 1 if self.batch_size is None else math.ceil(total / self.batch_size)
         delay = 0.0 if self.progress else 2.0
-        bar = tqdm(total=n, desc=f"{type(self).__name__} ({label})", unit="pass", delay=delay, leave=False)
+        bar = progress_bar(
+            total=n,
+            enabled=self.progress is not False,
+            desc=f"{type(self).__name__} ({label})",
+            unit="pass",
+            delay=delay,
+            leave=False,
+        )
         try:  # closed also when the caller's loop raises (the generator is closed then)
             for rows in _chunks(total, self.batch_size):
                 yield rows

@@ -11,9 +11,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .._progress import progress_bar
 from ..inputs import model_device
 from ..methods.base import Attribution, get_method
-from ..record import _tqdm
 from ._checks import check_images, check_int, check_masks, check_model, check_number, class_scores
 from .faithfulness import Baseline, deletion, eval_mode, insertion
 from .localisation import energy_in_mask, pointing_game
@@ -134,7 +134,7 @@ def evaluate(
             ``masks`` (N, H, W) bool.
         target: ``"label"`` (the data's labels) or ``"predicted"`` (the model's top class).
         batch_size: images per explanation / forward pass.
-        progress: a tqdm bar (when tqdm is installed).
+        progress: a tqdm bar.
 
     Returns:
         An `Evaluation` (renders as a table in notebooks; ``.to_markdown()``).
@@ -166,13 +166,11 @@ def evaluate(
     if ((t < 0) | (t >= classes)).any():
         raise ValueError(f"data.labels must be classes of the model, 0..{classes - 1}; got {t.min()}..{t.max()}")
     metrics = [m for m in METRICS if m != "sanity ρ" or sanity_n > 0]
-    tqdm = _tqdm() if progress else None
-    bar = tqdm(total=len(pairs) * 4, desc="evaluate", unit="step") if tqdm is not None else None
+    bar = progress_bar(total=len(pairs) * 4, enabled=progress, desc="evaluate", unit="step")
     scores: dict[str, dict[str, Tensor]] = {}
     try:
         for name, method in pairs:
-            if bar is not None:
-                bar.set_description(f"{name}: explain")
+            bar.set_description(f"{name}: explain")
             chunks = zip(x.split(batch_size), t.split(batch_size), strict=True)
             attr = torch.cat([method.attribute(xc, tc).detach() for xc, tc in chunks])
             s = {"pointing game": pointing_game(attr, masks, tolerance), "energy in mask": energy_in_mask(attr, masks)}
@@ -190,14 +188,12 @@ def evaluate(
             _tick(bar, None)
             scores[name] = {k: v.detach().cpu() for k, v in s.items()}
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     table = torch.tensor([[scores[name][m].nanmean().item() for m in metrics] for name, _ in pairs])
     return Evaluation([name for name, _ in pairs], metrics, table, scores, n=n, steps=steps)
 
 
 def _tick(bar: Any, desc: str | None) -> None:
-    if bar is not None:
-        bar.update(1)
-        if desc is not None:
-            bar.set_description(desc)
+    bar.update(1)
+    if desc is not None:
+        bar.set_description(desc)
