@@ -11,7 +11,6 @@ from test_hooks import SeedNet, no_hooks  # noqa: E402
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import hookviz.record as record
 from hookviz import hook_counts
 from hookviz.record import ActivationRecorder, GradientRecorder, call_key
 
