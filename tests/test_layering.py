@@ -89,8 +89,6 @@ LAYERS: list[str] = [
     "hookviz.zoo.model",
     "hookviz.zoo.train",
     "hookviz.zoo",
-    "hookviz.zoo.__main__",
-    "hookviz.weights",
     # adapters to training frameworks
     "hookviz.integrations.*",
     # the public API, then the command line on top of it

@@ -171,12 +171,12 @@ def test_corrupted_or_missing_weights_name_the_file(tmp_path, monkeypatch) -> No
     data = bytearray(zoo.WEIGHTS_FILE.read_bytes())
     data[len(data) // 2] ^= 0xFF
     bad.write_bytes(bytes(data))
-    monkeypatch.setattr(zoo, "WEIGHTS_FILE", bad)
+    monkeypatch.setattr(zoo.model, "WEIGHTS_FILE", bad)
     got = hashlib.sha256(bytes(data)).hexdigest()
     with pytest.raises(RuntimeError, match=f"{bad}.*sha256 mismatch, expected {zoo.WEIGHTS_SHA256}, got {got}"):
         zoo.shapes_model()
     missing = tmp_path / "nowhere.pt"
-    monkeypatch.setattr(zoo, "WEIGHTS_FILE", missing)
+    monkeypatch.setattr(zoo.model, "WEIGHTS_FILE", missing)
     with pytest.raises(FileNotFoundError, match=f"weights file {missing} is missing"):
         zoo.shapes_model()
     assert not zoo.shapes_model(weights=False).training  # weights=False needs no file
@@ -185,13 +185,13 @@ def test_corrupted_or_missing_weights_name_the_file(tmp_path, monkeypatch) -> No
 def test_train_command_writes_loadable_weights_and_reports(tmp_path, capsys) -> None:
     out = tmp_path / "w.pt"
     args = ["--epochs", "1", "--per-epoch", "32", "--fresh", "20"]
-    assert zoo.main(["train", "--out", str(out), *args]) == 0
+    assert zoo.main(["--out", str(out), *args]) == 0
     printed = capsys.readouterr().out
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {sha}" in printed and "accuracy on a fresh split (20 images, seed 0):" in printed
     # seeded, and the bytes do not depend on the file's name (torch.save would put the name in the archive)
     again = tmp_path / "sub" / "other_name.pt"
-    assert zoo.main(["train", "--out", str(again), *args]) == 0
+    assert zoo.main(["--out", str(again), *args]) == 0
     assert again.read_bytes() == out.read_bytes()
     state = torch.load(out, weights_only=True)
     assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float16}

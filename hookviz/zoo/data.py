@@ -1,27 +1,21 @@
-"""Embedded sample data and the embedded default model: the synthetic shapes data set and a small CNN trained on it.
+"""The synthetic shapes data set: `shapes(n, seed=...)` draws a labelled data set on the fly (no downloads).
 
-`shapes(n, seed=...)` draws a labelled data set on the fly (no downloads): one object of one of eight classes per
-image, at a random position, scale, rotation and colour, on a textured background cluttered with distractors that
-belong to no class, with its pixel mask and box. `shapes_model()` is a small CNN whose weights ship in the package
-(``hookviz/weights/shapes_cnn.pt``); ``python -m hookviz.zoo train --out FILE`` reproduces them.
+One object of one of eight classes per image, at a random position, scale, rotation and colour, on a textured
+background cluttered with distractors that belong to no class, with its pixel mask and box.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import io
 import math
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import Dataset
 
 CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "ring", "crescent", "heart")
@@ -312,180 +306,3 @@ def _heart(u: Tensor, v: Tensor) -> Tensor:
 
 
 _SHAPES = (_circle, _square, _triangle, _star, _cross, _ring, _crescent, _heart)
-
-
-# ---------------------------------------------------------------------------------------------------- the model
-
-WEIGHTS_FILE = Path(__file__).resolve().parent / "weights" / "shapes_cnn.pt"
-WEIGHTS_SHA256 = "96c24028b9b3e9c73417ec8e3c7a107a3827bf1517586e663c877a8ab1769fdb"
-FRESH_SEED = 0  # the split `train` reports; training draws from seeds 1_000_000 + 1000 * seed + epoch only
-_TRAIN_SEED_BASE = 1_000_000
-
-
-class ShapesCNN(nn.Module):
-    """A small CNN for the shapes data set (about 117k parameters): takes `Shapes.images` as they are.
-
-    (N, 3, 64, 64) in [0, 1] -> (N, len(CLASSES)) logits. Three conv-BN-ReLU stages (the first two followed by a max
-    pool: 64 -> 32 -> 16), then the last conv block ``features`` (two dilated conv-BN-ReLU at 16x16, so that the
-    receptive field, 50 pixels, covers the largest object; the layer `hookviz.methods.choose_layer` picks for CAMs,
-    a map of one cell per 4x4 pixels), a global average pool and a linear ``head`` (the class activation map
-    architecture of Zhou et al., "Learning Deep Features for Discriminative Localization", CVPR 2016). On purpose it
-    holds the cases hookviz must handle: one ``nn.ReLU`` module (``relu``) called twice per forward, a functional
-    ``F.relu``, an in-place ReLU and BatchNorm.
-    """
-
-    def __init__(self, num_classes: int = len(CLASSES)) -> None:
-        super().__init__()
-        # the input normalisation lives in the model, so that it takes images in [0, 1]
-        self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
-        self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
-        self.conv1, self.bn1 = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
-        self.conv2, self.bn2 = nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32)
-        self.conv3, self.bn3 = nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64)
-        self.relu = nn.ReLU()
-        self.pool = nn.MaxPool2d(2)
-        self.features = nn.Sequential(
-            nn.Conv2d(64, 96, 3, padding=2, dilation=2, bias=False),
-            nn.BatchNorm2d(96),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(96, 96, 3, padding=2, dilation=2, bias=False),
-            nn.BatchNorm2d(96),
-            nn.ReLU(),
-        )
-        self.head = nn.Linear(96, num_classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = (x - self.mean) / self.std
-        x = self.pool(self.relu(self.bn1(self.conv1(x))))
-        x = self.pool(F.relu(self.bn2(self.conv2(x))))
-        x = self.relu(self.bn3(self.conv3(x)))
-        return self.head(self.features(x).mean(dim=(2, 3)))
-
-
-def shapes_model(weights: bool = True) -> ShapesCNN:
-    """The embedded default model: a `ShapesCNN` in eval mode on the CPU, with the weights shipped in the package.
-
-    The weights (``hookviz/weights/shapes_cnn.pt``, float16, made by ``python -m hookviz.zoo train``; see the README)
-    reach at least 95 % accuracy on images of `shapes` it never saw. They are loaded with ``weights_only=True``
-    after their sha256 is checked against `WEIGHTS_SHA256`. ``weights=False`` gives an untrained model (seeded
-    initialisation is up to the caller: ``torch.manual_seed``).
-    """
-    if not isinstance(weights, bool):
-        raise TypeError(f"weights must be True (the shipped weights) or False (untrained), got {weights!r}")
-    model = ShapesCNN()
-    if weights:
-        model.load_state_dict(_load_weights(WEIGHTS_FILE, WEIGHTS_SHA256))
-    return model.eval()
-
-
-def _load_weights(path: Path, sha256: str) -> dict[str, Tensor]:
-    """The state dict in `path` as float32, after checking the file's sha256 (loading executes no code)."""
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the shapes model's weights file {path} is missing; reinstall hookviz, or rebuild it with "
-            f"`python -m hookviz.zoo train --out {path}`"
-        )
-    data = path.read_bytes()
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise RuntimeError(
-            f"the shapes model's weights file {path} is corrupted or not the shipped one: sha256 mismatch, "
-            f"expected {sha256}, got {got}"
-        )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, data: Shapes, batch_size: int = 500) -> float:
-    """The fraction of `data` that `model` (in eval mode) classifies right."""
-    right = 0
-    for i in range(0, len(data), batch_size):
-        right += (model(data.images[i : i + batch_size]).argmax(1) == data.labels[i : i + batch_size]).sum().item()
-    return right / max(len(data), 1)
-
-
-def train(
-    out: str | Path,
-    *,
-    seed: int = 0,
-    epochs: int = 8,
-    per_epoch: int = 6144,
-    batch_size: int = 64,
-    lr: float = 4e-3,
-    fresh: int = 2000,
-    progress: bool = True,
-) -> dict[str, float | str]:
-    """Train a `ShapesCNN` and write its float16 state dict to `out`; returns the fresh-split accuracy and sha256.
-
-    Each epoch draws `per_epoch` new images (seed ``1_000_000 + 1000 * seed + epoch``; random horizontal flips on
-    top), AdamW with a one-cycle learning rate (Smith & Topin, 2019). The accuracy is measured after the round trip
-    through float16, on `fresh` images of seed `FRESH_SEED`, which training never draws from.
-    """
-    from tqdm.auto import tqdm
-
-    torch.manual_seed(seed)
-    model = ShapesCNN().to(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=5e-4)
-    steps = epochs * math.ceil(per_epoch / batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.25)
-    g = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
-    bar = tqdm(total=steps, disable=not progress, desc="train", unit="step")
-    for epoch in range(epochs):
-        data = shapes(per_epoch, seed=_TRAIN_SEED_BASE + 1000 * seed + epoch)
-        order = torch.randperm(per_epoch, generator=g)
-        model.train()
-        right = seen = 0
-        for i in range(0, per_epoch, batch_size):
-            idx = order[i : i + batch_size]
-            x, y = data.images[idx], data.labels[idx]
-            flip = torch.rand(len(idx), generator=g) < 0.5
-            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x).contiguous(memory_format=torch.channels_last)
-            logits = model(x)
-            loss = F.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            right += (logits.argmax(1) == y).sum().item()
-            seen += len(idx)
-            bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}", acc=f"{right / seen:.3f}")
-            bar.update()
-    bar.close()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # saved through a buffer: torch.save names the archive after the file, which would make the sha256 depend on it
-    buffer = io.BytesIO()
-    torch.save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, buffer)
-    out.write_bytes(buffer.getvalue())
-    trained = ShapesCNN()
-    trained.load_state_dict(_load_weights(out, hashlib.sha256(out.read_bytes()).hexdigest()))
-    return {
-        "fresh_accuracy": accuracy(trained.eval(), shapes(fresh, seed=FRESH_SEED)),
-        "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
-        "bytes": out.stat().st_size,
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hookviz.zoo train --out FILE``: reproduce the shipped weights."""
-    parser = argparse.ArgumentParser(prog="python -m hookviz.zoo", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train the shapes CNN and write its weights")
-    p.add_argument("--out", required=True, help="where to write the float16 state dict (.pt)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--per-epoch", type=int, default=6144, help="new images drawn for each epoch")
-    p.add_argument("--fresh", type=int, default=2000, help="images of the fresh split the accuracy is measured on")
-    args = parser.parse_args(argv)
-    result = train(args.out, seed=args.seed, epochs=args.epochs, per_epoch=args.per_epoch, fresh=args.fresh)
-    print(f"wrote {Path(args.out).resolve()} ({result['bytes']} bytes) in {result['seconds']:.0f} s")
-    print(f"accuracy on a fresh split ({args.fresh} images, seed {FRESH_SEED}): {result['fresh_accuracy']:.4f}")
-    print(f"sha256 {result['sha256']}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
