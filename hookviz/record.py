@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ._calls import CallCounter
+from ._checks import bool_option, int_option
 from ._progress import progress_bar
 from .hooks import HookManager, Selector, select_modules
 
@@ -118,8 +119,7 @@ class _Recorder:
             )
         if reduce is not None and not callable(reduce):
             raise TypeError(f"reduce must be a callable tensor -> tensor (or None), got {type(reduce).__name__}")
-        if not isinstance(accumulate, bool):
-            raise TypeError(f"accumulate must be True or False, got {type(accumulate).__name__}")
+        bool_option("accumulate", accumulate, "True or False")
         self.model = model
         self.store = store
         self.dtype = dtype
@@ -226,8 +226,7 @@ class _Recorder:
 
     # -- over a data set ----------------------------------------------------------------------------------------
     def _iterate(self, loader: Iterable[Any], max_batches: int | None, progress: bool) -> Iterable[Any]:
-        if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-            raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
+        int_option("max_batches", max_batches, "a positive int or None", optional=True)
         batches: Iterable[Any] = loader if max_batches is None else itertools.islice(loader, max_batches)
         if not progress:
             return batches

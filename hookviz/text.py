@@ -13,13 +13,13 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Real
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from ._checks import int_option, number_option
 from ._formats import save_format
 from ._present import presenter
 from .explanation import resolve_labels
@@ -124,18 +124,14 @@ class TokenExplanation:
     def _scale(self, scale: float | None) -> float:
         if scale is None:
             return float(self.token_scores.abs().max()) if self.token_scores.numel() else 0.0
-        if isinstance(scale, bool) or not isinstance(scale, Real) or not scale > 0:
-            raise ValueError(
-                f"scale must be None (the largest |score| of the explanation) or a number > 0, got {scale!r}"
-            )
+        number_option("scale", scale, "None (the largest |score| of the explanation) or a number > 0", lambda v: v > 0)
         return float(scale)
 
     def _rows(self, max_rows: int | None) -> tuple[list[tuple[int, int]], int]:
         k = self.token_scores.shape[1]
         rows = [(i, j) for i in range(len(self)) for j in range(k)]
         if max_rows is not None:
-            if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-                raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
+            int_option("max_rows", max_rows, "None or an int >= 1")
             return rows[:max_rows], len(rows)
         return rows, len(rows)
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._modes import training_restored
 from .._present import present
 from ..hooks import HookManager
 from ..inputs import check_model_inputs, expected_channels, load_images, model_device
@@ -262,26 +263,24 @@ class Attribution:
                 "inference_mode (torch.no_grad() is fine)"
             )
         model = self.model
-        modes = [(m, m.training) for m in model.modules()]
         flags = [(p, p.requires_grad) for p in model.parameters()]
         # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
         buffers = (
             [(b, b.detach().clone()) for b in model.buffers()]
-            if not self.eval_mode and any(t for _, t in modes)
+            if not self.eval_mode and any(m.training for m in model.modules())
             else []
         )
-        try:
-            if self.eval_mode:
-                model.eval()
-            for p, _ in flags:
-                p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
-            with active_call(), torch.enable_grad(), HookManager(model) as hooks:
-                yield hooks
-        finally:
-            for m, training in modes:
-                m.training = training
-            for p, requires_grad in flags:
-                p.requires_grad_(requires_grad)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        with training_restored(model):
+            try:
+                if self.eval_mode:
+                    model.eval()
+                for p, _ in flags:
+                    p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
+                with active_call(), torch.enable_grad(), HookManager(model) as hooks:
+                    yield hooks
+            finally:
+                for p, requires_grad in flags:
+                    p.requires_grad_(requires_grad)
+                with torch.no_grad():
+                    for b, saved in buffers:
+                        b.copy_(saved)
