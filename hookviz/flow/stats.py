@@ -15,7 +15,22 @@ import numpy as np
 from . import export, plots
 from .alarms import Alarm
 from .data import FlowData
-from .layout import _MISSING, _MODULE_STATS, _base, _Chunk
+from .layout import (
+    _MISSING,
+    _MODULE_STATS,
+    ACT_NORM,
+    DEAD_FRACTION,
+    KEY_BLOCKS,
+    L1,
+    L2,
+    MAX_ABS,
+    OUT_GRAD_NORM,
+    PARAM_BLOCKS,
+    UPDATE_NORM,
+    WEIGHT_NORM,
+    _base,
+    _Chunk,
+)
 from .locate import _finite
 from .watch import _Watched
 
@@ -129,77 +144,15 @@ class FlowStats(FlowData):
 def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: list[Alarm]) -> FlowStats:
     """Host chunks -> FlowStats (parameter statistics per parameter and aggregated per module); `keys`: every call
     key in column order."""
-    P = len(watched.params)
-    S = sum(len(c.steps) for c in chunks)
     steps = np.concatenate([c.steps for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
-    blocks = [np.full((S, P), _MISSING) for _ in range(5)]
-    kb = [np.full((S, len(keys)), _MISSING) for _ in range(3)]
-    r = 0
-    for c in chunks:
-        n = len(c.steps)
-        for b in range(5):
-            blocks[b][r : r + n] = c.data[:, c.layout.block(b)]
-        for b in range(3):
-            kb[b][r : r + n, : len(c.layout.keys)] = c.data[:, c.layout.key_block(b)]
-        r += n
-    l2, l1, mx, upd, w = blocks
-    has = l2 != _MISSING
+    blocks, key_blocks = _stack(chunks, len(watched.params), len(keys))
     numel = np.array([p.numel() for p in watched.params], dtype=np.float64)
-    nan = np.nan
+    modules = _module_order(keys, watched)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        present = {
-            "grad_norm": has,
-            "grad_mean_abs": has & (l1 != _MISSING),
-            "grad_max_abs": has & (mx != _MISSING),
-            "update_ratio": has & (upd != _MISSING) & (w != _MISSING),
-        }
-        param_present = present | {"update_ratio": present["update_ratio"] & (w > 0)}
-        param_stats = {
-            "grad_norm": np.where(has, l2, nan),
-            "grad_mean_abs": np.where(present["grad_mean_abs"], l1 / np.maximum(numel, 1), nan),
-            "grad_max_abs": np.where(present["grad_max_abs"], mx, nan),
-            "update_ratio": np.where(param_present["update_ratio"], upd / np.where(w > 0, w, 1), nan),
-        }
-        # module order: watched modules in model order, each followed by its further call keys
-        extra: dict[str, list[str]] = {}
-        for k in keys:
-            if _base(k) != k:
-                extra.setdefault(_base(k), []).append(k)
-        modules = []
-        for name in watched.module_names:
-            modules.append(name)
-            modules.extend(sorted(extra.get(name, []), key=lambda k: int(k.rsplit("#", 1)[1])))
-        M = len(modules)
-        mstats = {stat: np.full((S, M), nan) for stat in _MODULE_STATS}
-        mpresent = {stat: np.zeros((S, M), dtype=bool) for stat in _MODULE_STATS}
-        key_pos = {k: i for i, k in enumerate(keys)}
-
-        def put(stat: str, j: int, mask: np.ndarray, values: np.ndarray) -> None:
-            mpresent[stat][:, j] = mask
-            mstats[stat][:, j] = np.where(mask, values, nan)
-
-        def sq(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            return np.sqrt(np.where(mask, values.astype(np.float64) ** 2, 0.0).sum(1))
-
-        for j, name in enumerate(modules):
-            cols = watched.params_of.get(name, []) if _base(name) == name else []
-            if cols:
-                p = present["grad_norm"][:, cols]
-                put("grad_norm", j, p.any(1), sq(l2[:, cols], p))
-                p = present["grad_mean_abs"][:, cols]
-                mean = np.where(p, l1[:, cols], 0.0).sum(1) / np.maximum((p * numel[cols]).sum(1), 1)
-                put("grad_mean_abs", j, p.any(1), mean)
-                p = present["grad_max_abs"][:, cols]
-                put("grad_max_abs", j, p.any(1), np.where(p, mx[:, cols], -np.inf).max(1))
-                p = present["update_ratio"][:, cols]
-                ws = sq(w[:, cols], p)
-                put("update_ratio", j, p.any(1) & (ws > 0), sq(upd[:, cols], p) / np.where(ws > 0, ws, 1))
-            i = key_pos.get(name)
-            if i is not None:
-                for b, stat in enumerate(("out_grad_norm", "act_norm", "dead_fraction")):
-                    v = kb[b][:, i]
-                    put(stat, j, v != _MISSING, v)
-        total = np.where(has.any(1), sq(l2, has), nan)
+        present, param_present, param_stats = _param_stats(blocks, numel)
+        mstats, mpresent = _module_stats(modules, keys, watched, blocks, key_blocks, present, numel)
+        has = present["grad_norm"]
+        total = np.where(has.any(1), _root_sum_sq(blocks[L2], has), np.nan)
     return FlowStats(
         steps=steps,
         params=list(watched.param_names),
@@ -214,6 +167,105 @@ def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: 
         total_grad_norm=total,
         alarms=list(alarms),
     )
+
+
+def _stack(chunks: list[_Chunk], n_params: int, n_keys: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The chunks' rows stacked: `PARAM_BLOCKS` (S, P) arrays and `KEY_BLOCKS` (S, keys) arrays, `_MISSING` where a
+    chunk had no column yet (keys first seen later)."""
+    S = sum(len(c.steps) for c in chunks)
+    blocks = [np.full((S, n_params), _MISSING) for _ in range(PARAM_BLOCKS)]
+    key_blocks = [np.full((S, n_keys), _MISSING) for _ in range(KEY_BLOCKS)]
+    r = 0
+    for c in chunks:
+        n = len(c.steps)
+        for b in range(PARAM_BLOCKS):
+            blocks[b][r : r + n] = c.data[:, c.layout.block(b)]
+        for b in range(KEY_BLOCKS):
+            key_blocks[b][r : r + n, : len(c.layout.keys)] = c.data[:, c.layout.key_block(b)]
+        r += n
+    return blocks, key_blocks
+
+
+def _param_stats(
+    blocks: list[np.ndarray], numel: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(where each raw statistic is present, where each parameter statistic has a value, the statistics)."""
+    l2, l1, mx, upd, w = (blocks[i] for i in (L2, L1, MAX_ABS, UPDATE_NORM, WEIGHT_NORM))
+    has = l2 != _MISSING
+    present = {
+        "grad_norm": has,
+        "grad_mean_abs": has & (l1 != _MISSING),
+        "grad_max_abs": has & (mx != _MISSING),
+        "update_ratio": has & (upd != _MISSING) & (w != _MISSING),
+    }
+    param_present = present | {"update_ratio": present["update_ratio"] & (w > 0)}
+    param_stats = {
+        "grad_norm": np.where(has, l2, np.nan),
+        "grad_mean_abs": np.where(present["grad_mean_abs"], l1 / np.maximum(numel, 1), np.nan),
+        "grad_max_abs": np.where(present["grad_max_abs"], mx, np.nan),
+        "update_ratio": np.where(param_present["update_ratio"], upd / np.where(w > 0, w, 1), np.nan),
+    }
+    return present, param_present, param_stats
+
+
+def _module_order(keys: list[str], watched: _Watched) -> list[str]:
+    """Watched modules in model order, each followed by its further call keys (``name#1``, ``name#2``, ...)."""
+    extra: dict[str, list[str]] = {}
+    for k in keys:
+        if _base(k) != k:
+            extra.setdefault(_base(k), []).append(k)
+    modules = []
+    for name in watched.module_names:
+        modules.append(name)
+        modules.extend(sorted(extra.get(name, []), key=lambda k: int(k.rsplit("#", 1)[1])))
+    return modules
+
+
+def _root_sum_sq(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row, the root of the summed squares of `values` where `mask` holds."""
+    return np.sqrt(np.where(mask, values.astype(np.float64) ** 2, 0.0).sum(1))
+
+
+def _module_stats(
+    modules: list[str],
+    keys: list[str],
+    watched: _Watched,
+    blocks: list[np.ndarray],
+    key_blocks: list[np.ndarray],
+    present: dict[str, np.ndarray],
+    numel: np.ndarray,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(S, M) module statistics: parameter statistics aggregated over each module's parameters (first call key
+    only), and the per-call statistics of each call key."""
+    S = len(present["grad_norm"])
+    l2, l1, mx, upd, w = (blocks[i] for i in (L2, L1, MAX_ABS, UPDATE_NORM, WEIGHT_NORM))
+    mstats = {stat: np.full((S, len(modules)), np.nan) for stat in _MODULE_STATS}
+    mpresent = {stat: np.zeros((S, len(modules)), dtype=bool) for stat in _MODULE_STATS}
+    key_pos = {k: i for i, k in enumerate(keys)}
+
+    def put(stat: str, j: int, mask: np.ndarray, values: np.ndarray) -> None:
+        mpresent[stat][:, j] = mask
+        mstats[stat][:, j] = np.where(mask, values, np.nan)
+
+    for j, name in enumerate(modules):
+        cols = watched.params_of.get(name, []) if _base(name) == name else []
+        if cols:
+            p = present["grad_norm"][:, cols]
+            put("grad_norm", j, p.any(1), _root_sum_sq(l2[:, cols], p))
+            p = present["grad_mean_abs"][:, cols]
+            mean = np.where(p, l1[:, cols], 0.0).sum(1) / np.maximum((p * numel[cols]).sum(1), 1)
+            put("grad_mean_abs", j, p.any(1), mean)
+            p = present["grad_max_abs"][:, cols]
+            put("grad_max_abs", j, p.any(1), np.where(p, mx[:, cols], -np.inf).max(1))
+            p = present["update_ratio"][:, cols]
+            ws = _root_sum_sq(w[:, cols], p)
+            put("update_ratio", j, p.any(1) & (ws > 0), _root_sum_sq(upd[:, cols], p) / np.where(ws > 0, ws, 1))
+        i = key_pos.get(name)
+        if i is not None:
+            for b, stat in ((OUT_GRAD_NORM, "out_grad_norm"), (ACT_NORM, "act_norm"), (DEAD_FRACTION, "dead_fraction")):
+                v = key_blocks[b][:, i]
+                put(stat, j, v != _MISSING, v)
+    return mstats, mpresent
 
 
 # -- report ---------------------------------------------------------------------------------------------------------

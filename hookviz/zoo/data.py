@@ -18,6 +18,8 @@ from PIL import Image, ImageDraw
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .._checks import int_option, is_int
+
 CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "ring", "crescent", "heart")
 
 # Images are drawn in chunks of this many, each from its own generator seeded by (seed, chunk index): image i
@@ -122,12 +124,10 @@ def shapes(n: int, *, seed: int, size: int = 64) -> Shapes:
         a `Shapes`: images (n, 3, size, size) float32 in [0, 1], labels (n,) int64, masks (n, size, size) bool,
         boxes (n, 4) int64 (x0, y0, x1, y1) inclusive.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    int_option("n", n, "a non-negative int", minimum=0)
+    if not is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 16:
-        raise ValueError(f"size must be an int of at least 16 pixels, got {size!r}")
+    int_option("size", size, "an int of at least 16 pixels", minimum=16)
     images = torch.empty(n, 3, size, size)
     labels = torch.empty(n, dtype=torch.long)
     masks = torch.empty(n, size, size, dtype=torch.bool)
@@ -166,91 +166,104 @@ def _uniform(g: torch.Generator, shape: tuple[int, ...], low: float, high: float
 def _draw_chunk(seed: int, chunk: int, m: int, size: int) -> tuple[Tensor, Tensor, Tensor]:
     """The `m` first images of chunk `chunk`: every random number of the full chunk is drawn (in a fixed order),
     so that an image does not depend on how many images are drawn after it."""
-    g, c, k = _generator(seed, chunk), _CHUNK, _DISTRACTORS
-    s = size / 64  # lengths below are in pixels of a 64x64 image
-    # every random draw first, for the whole chunk
-    labels = torch.randint(len(CLASSES), (c,), generator=g)
-    radius = _uniform(g, (c,), 9.5, 16.0) * s
-    aniso = _uniform(g, (c,), 0.88, 1.12)
-    angle = _uniform(g, (c,), 0.0, 2 * math.pi)
-    centre = torch.rand(c, 2, generator=g)  # mapped into the free margin below
-    delta = _uniform(g, (c, 3), 0.2, 0.6)
-    shade = _uniform(g, (c,), -0.15, 0.15)
-    field = _uniform(g, (c, 3, 3), 0.15, 0.85)  # per channel: the colour at the centre, its x and y slopes
-    blotch = torch.randn(c, 1, 8, 8, generator=g) * _uniform(g, (c, 1, 1, 1), 0.0, 0.08)
-    grating = _uniform(g, (c, 4), 0.0, 1.0)  # amplitude, frequency, orientation, phase
-    noise_sd = _uniform(g, (c, 1, 1, 1), 0.0, 0.04)
-    d_on = torch.rand(c, k, generator=g) < 0.7
-    d_pos = torch.rand(c, k, 2, generator=g) * size
-    d_len = _uniform(g, (c, k), 6.0, 20.0) * s  # bars: half-length
-    d_width = _uniform(g, (c, k), 0.6, 1.6) * s  # bars: half-width
-    d_angle = _uniform(g, (c, k), 0.0, math.pi)
-    d_reach = _uniform(g, (c, k), 3.0, 8.0) * s  # blobs: radius where they fade out
-    d_colour = torch.rand(c, k, 3, generator=g)
-    noise = torch.rand(c, 3, size, size, generator=g)[:m]  # uniform: cheaper to draw than normal
-
-    def head(t: Tensor) -> Tensor:
-        return t[:m]
-
-    labels, radius, aniso, angle, centre, delta, shade = map(head, (labels, radius, aniso, angle, centre, delta, shade))
-    field, blotch, grating, noise_sd = map(head, (field, blotch, grating, noise_sd))
-    d_on, d_pos, d_len, d_width, d_angle, d_reach, d_colour = map(
-        head, (d_on, d_pos, d_len, d_width, d_angle, d_reach, d_colour)
-    )
-
+    d = _draws(_generator(seed, chunk), m, size)
     coords = torch.arange(size, dtype=torch.float32) + 0.5  # pixel centres
-    py, px = coords.view(1, size, 1), coords.view(1, 1, size)
+    img = _background(d, coords, m, size)
+    background_mean = img.mean(dim=(2, 3))  # (m, 3): the object's colour is chosen against it
+    _distractors(img, d, coords, m)  # drawn under the object
+    masks = _object(img, d, coords, background_mean, m, size)
+    img = img.add_(d["noise"].sub_(0.5).mul_(d["noise_sd"] * math.sqrt(12))).clamp_(0, 1)  # noise_sd: its std
+    return img, d["labels"], masks
 
-    # background: a linear colour gradient + monochrome blotches + a grating
+
+def _draws(g: torch.Generator, m: int, size: int) -> dict[str, Tensor]:
+    """Every random number of a chunk of `_CHUNK` images, drawn in a fixed order; the first `m` images' kept."""
+    c, k = _CHUNK, _DISTRACTORS
+    s = size / 64  # lengths below are in pixels of a 64x64 image
+    d = {
+        "labels": torch.randint(len(CLASSES), (c,), generator=g),
+        "radius": _uniform(g, (c,), 9.5, 16.0) * s,
+        "aniso": _uniform(g, (c,), 0.88, 1.12),
+        "angle": _uniform(g, (c,), 0.0, 2 * math.pi),
+        "centre": torch.rand(c, 2, generator=g),  # mapped into the free margin by _object
+        "delta": _uniform(g, (c, 3), 0.2, 0.6),
+        "shade": _uniform(g, (c,), -0.15, 0.15),
+        "field": _uniform(g, (c, 3, 3), 0.15, 0.85),  # per channel: the colour at the centre, its x and y slopes
+        "blotch": torch.randn(c, 1, 8, 8, generator=g) * _uniform(g, (c, 1, 1, 1), 0.0, 0.08),
+        "grating": _uniform(g, (c, 4), 0.0, 1.0),  # amplitude, frequency, orientation, phase
+        "noise_sd": _uniform(g, (c, 1, 1, 1), 0.0, 0.04),
+        "d_on": torch.rand(c, k, generator=g) < 0.7,
+        "d_pos": torch.rand(c, k, 2, generator=g) * size,
+        "d_len": _uniform(g, (c, k), 6.0, 20.0) * s,  # bars: half-length
+        "d_width": _uniform(g, (c, k), 0.6, 1.6) * s,  # bars: half-width
+        "d_angle": _uniform(g, (c, k), 0.0, math.pi),
+        "d_reach": _uniform(g, (c, k), 3.0, 8.0) * s,  # blobs: radius where they fade out
+        "d_colour": torch.rand(c, k, 3, generator=g),
+        "noise": torch.rand(c, 3, size, size, generator=g),  # uniform: cheaper to draw than normal
+    }
+    return {name: t[:m] for name, t in d.items()}
+
+
+def _background(d: dict[str, Tensor], coords: Tensor, m: int, size: int) -> Tensor:
+    """(m, 3, size, size): a linear colour gradient + monochrome blotches + a grating."""
+    py, px = coords.view(1, size, 1), coords.view(1, 1, size)
     centred = (coords - size / 2) / size
+    field = d["field"]
     slope = (field[:, :, 1:] - 0.5) * 0.8
     img = (field[:, :, :1, None] + slope[:, :, :1, None] * centred.view(1, 1, 1, size)) + slope[:, :, 1:, None] * (
         centred.view(1, 1, size, 1)
     )
-    img += F.interpolate(blotch, size=(size, size), mode="bilinear", align_corners=False)
-    amp, freq, ori, phase = (grating[:, i].view(m, 1, 1) for i in range(4))
+    img += F.interpolate(d["blotch"], size=(size, size), mode="bilinear", align_corners=False)
+    amp, freq, ori, phase = (d["grating"][:, i].view(m, 1, 1) for i in range(4))
     ori = ori * math.pi
     wave = torch.sin((px * torch.cos(ori) + py * torch.sin(ori)) * (freq * 6 + 2) * (2 * math.pi / size) + phase * 6.3)
     img += (amp * 0.12 * wave).unsqueeze(1)
-    background_mean = img.mean(dim=(2, 3))  # (m, 3): the object's colour is chosen against it
+    return img
 
-    # distractors, drawn under the object: thin bars (hard edges) in the first slots, soft blobs in the others
-    for j in range(k):
-        dx = px - d_pos[:, j, 0].view(m, 1, 1)  # (m, 1, size): the broadcasts stay cheap until combined
-        dy = py - d_pos[:, j, 1].view(m, 1, 1)  # (m, size, 1)
+
+def _distractors(img: Tensor, d: dict[str, Tensor], coords: Tensor, m: int) -> None:
+    """Distractors blended into `img` in place: thin bars (hard edges) in the first slots, soft blobs in the others."""
+    size = img.shape[-1]
+    py, px = coords.view(1, size, 1), coords.view(1, 1, size)
+    for j in range(_DISTRACTORS):
+        dx = px - d["d_pos"][:, j, 0].view(m, 1, 1)  # (m, 1, size): the broadcasts stay cheap until combined
+        dy = py - d["d_pos"][:, j, 1].view(m, 1, 1)  # (m, size, 1)
         if j < _BARS:
-            cos, sin = torch.cos(d_angle[:, j]).view(m, 1, 1), torch.sin(d_angle[:, j]).view(m, 1, 1)
-            along = (dx * cos + dy * sin).abs_().sub_(d_len[:, j].view(m, 1, 1))
-            across = (dy * cos - dx * sin).abs_().sub_(d_width[:, j].view(m, 1, 1))
+            cos, sin = torch.cos(d["d_angle"][:, j]).view(m, 1, 1), torch.sin(d["d_angle"][:, j]).view(m, 1, 1)
+            along = (dx * cos + dy * sin).abs_().sub_(d["d_len"][:, j].view(m, 1, 1))
+            across = (dy * cos - dx * sin).abs_().sub_(d["d_width"][:, j].view(m, 1, 1))
             alpha = torch.maximum(along, across).neg_().add_(0.5).clamp_(0, 1)
         else:  # 0.85 (1 - d^2 / reach^2)^2 inside the reach: a soft disc with no edge
-            reach2 = d_reach[:, j].view(m, 1, 1) ** 2
+            reach2 = d["d_reach"][:, j].view(m, 1, 1) ** 2
             alpha = (dx * dx / reach2 + dy * dy / reach2).neg_().add_(1).clamp_(min=0).square_().mul_(0.85)
-        alpha = alpha.mul_(d_on[:, j].view(m, 1, 1)).unsqueeze(1)
-        img.lerp_(d_colour[:, j].view(m, 3, 1, 1).expand_as(img), alpha)
+        alpha = alpha.mul_(d["d_on"][:, j].view(m, 1, 1)).unsqueeze(1)
+        img.lerp_(d["d_colour"][:, j].view(m, 3, 1, 1).expand_as(img), alpha)
 
-    # the object: position in the margin that keeps it inside the image
+
+def _object(img: Tensor, d: dict[str, Tensor], coords: Tensor, background_mean: Tensor, m: int, size: int) -> Tensor:
+    """The object drawn into `img` in place, at a position in the margin that keeps it inside the image, in a colour
+    set off from the background; returns its (m, size, size) masks."""
+    py, px = coords.view(1, size, 1), coords.view(1, 1, size)
+    radius, delta, labels = d["radius"], d["delta"], d["labels"]
     margin = radius * 1.12 + 1
-    cxy = margin.unsqueeze(1) + centre * (size - 2 * margin).unsqueeze(1)
+    cxy = margin.unsqueeze(1) + d["centre"] * (size - 2 * margin).unsqueeze(1)
     colour = torch.where(background_mean > 0.5, background_mean - delta, background_mean + delta).clamp(0, 1)
     masks = torch.zeros(m, size, size, dtype=torch.bool)
     for label in range(len(CLASSES)):
         idx = (labels == label).nonzero().squeeze(1)
         if idx.numel() == 0:
             continue
-        r, a, th = radius[idx].view(-1, 1, 1), aniso[idx].view(-1, 1, 1), angle[idx].view(-1, 1, 1)
+        r, a, th = radius[idx].view(-1, 1, 1), d["aniso"][idx].view(-1, 1, 1), d["angle"][idx].view(-1, 1, 1)
         dx, dy = px - cxy[idx, 0].view(-1, 1, 1), py - cxy[idx, 1].view(-1, 1, 1)
         cos, sin = torch.cos(th), torch.sin(th)
         u = (dx * cos + dy * sin) / (r * a)
         v = (dy * cos - dx * sin) * a / r
         dist = _SHAPES[label](u, v) * r  # about the signed distance in pixels
         alpha = (0.5 - dist).clamp(0, 1).unsqueeze(1)
-        tint = colour[idx].view(-1, 3, 1, 1) + (shade[idx].view(-1, 1, 1) * u).unsqueeze(1)
+        tint = colour[idx].view(-1, 3, 1, 1) + (d["shade"][idx].view(-1, 1, 1) * u).unsqueeze(1)
         img[idx] = img[idx].lerp_(tint.clamp_(0, 1), alpha)
         masks[idx] = dist <= 0
-
-    img = img.add_(noise.sub_(0.5).mul_(noise_sd * math.sqrt(12))).clamp_(0, 1)  # noise_sd: its standard deviation
-    return img, labels, masks
+    return masks
 
 
 # Signed-distance-like functions of the classes in unit coordinates (the object fits in the unit disc, up to the
