@@ -2,7 +2,7 @@
 
 The tensors stay where the method left them (the model's device) and unnormalized; `normalized`, `heatmap` and
 `overlay` compute batch-wide in torch, and only `figure`, `save`, `to_html`, `show` and the Jupyter hooks
-(`_repr_html_`, `_repr_png_`) turn them into pixels on the cpu.
+(`_repr_mimebundle_`) turn them into pixels on the cpu.
 
 Display options (``DISPLAY_KEYS``) come from the method's ``display_defaults`` and can be overridden per call
 (``exp.figure(sign="positive", scale="shared")``) or for good (``exp.with_display(cmap="magma")``):
@@ -18,9 +18,8 @@ import enum
 import io
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from numbers import Real
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from torch import Tensor
 
 from . import display as _display
 from . import panels as _panels
+from ._checks import bool_option, number_option
 from ._formats import SAVE_FORMATS, save_format
 from ._present import presenter
 from .display_options import _UNSET, DISPLAY_KEYS, _check_option, _check_overrides, _UnsetType, resolve_options
@@ -133,8 +133,7 @@ class Explanation:
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
         if self.targets is not None and not isinstance(self.targets, Tensor):
             raise TypeError(f"targets must be a torch.Tensor or None, got {type(self.targets).__name__}")
-        if not isinstance(self.multi_target, bool):
-            raise TypeError(f"multi_target must be a bool, got {type(self.multi_target).__name__}")
+        bool_option("multi_target", self.multi_target)
         if not isinstance(self.method, str):
             raise TypeError(f"method must be a str, got {type(self.method).__name__}")
         labels = resolve_labels(self.labels)
@@ -396,13 +395,35 @@ class Explanation:
         return _panels.html_table(self._panels("to_html", {"max_rows": max_rows, **options}))
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich view: `to_html` with the display defaults."""
+        """`to_html` with the display defaults (what `_repr_mimebundle_` gives Jupyter as ``text/html``)."""
         return self.to_html()
+
+    def _repr_mimebundle_(
+        self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
+    ) -> dict[str, Any]:
+        """Jupyter's rich view, drawn once: the HTML table (``text/html``), and a PNG of `figure` only for a
+        front end that cannot show HTML (one that excludes ``text/html`` and accepts ``image/png``).
+
+        One bundle instead of ``_repr_html_`` plus ``_repr_png_``: with both, Jupyter drew the explanation twice and
+        stored both in the notebook.
+        """
+
+        def wanted(mime: str) -> bool:
+            return (include is None or mime in include) and (exclude is None or mime not in exclude)
+
+        bundle: dict[str, Any] = {"text/plain": repr(self)}
+        if wanted("text/html"):
+            bundle["text/html"] = self.to_html()
+        elif wanted("image/png"):
+            buf = io.BytesIO()
+            self.figure().savefig(buf, format="png", dpi=100)
+            bundle["image/png"] = buf.getvalue()
+        return bundle
 
     def show(self, **options: Any) -> None:
         """Display the explanation: inline when running under IPython/Jupyter, else in a matplotlib window.
 
-        Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_html_`); elsewhere the `figure`
+        Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_mimebundle_`); elsewhere the `figure`
         is drawn on a pyplot figure and ``pyplot.show()`` opens it with the configured backend. ``options`` are
         those of `figure` (including ``max_rows``) and override the display defaults.
         """
@@ -430,18 +451,11 @@ class Explanation:
         """
         path = Path(path)
         fmt = save_format(path)
-        if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
-            raise ValueError(f"dpi must be a positive number, got {dpi!r}")
+        number_option("dpi", dpi, "a positive number", lambda v: v > 0)
         fig = self.figure(**options)  # options are checked before anything is written
         path.parent.mkdir(parents=True, exist_ok=True)  # as save_figure does
         fig.savefig(path, format=fmt, dpi=dpi)
         return path
-
-    def _repr_png_(self) -> bytes:
-        """PNG bytes of `figure`, so Jupyter shows an Explanation inline."""
-        buf = io.BytesIO()
-        self.figure().savefig(buf, format="png", dpi=100)
-        return buf.getvalue()
 
     def __repr__(self) -> str:
         k = f", K={self.num_targets}" if self.multi_target else ""
