@@ -257,7 +257,8 @@ ROWS: list[Row] = [
     ("grid-mixed", lambda e: hv.grid([e.exp, 3]), TypeError,
      r"items mixes Explanation objects and other things: pass only Explanations, or only images"),
     ("save-figure-suffix", lambda e: hv.save_figure(Figure(), e.tmp / "fig.gif"), ValueError,
-     r"path must end with one of \('.pdf', '.svg', '.png', '.eps', '.jpg', '.jpeg'\) .* got suffix '.gif' in '.*fig.gif'"),
+     r"path must end with one of \('.pdf', '.svg', '.png', '.eps', '.jpg', '.jpeg'\) .* got suffix '.gif' "
+     r"in '.*fig.gif'"),
     ("save-figure-dpi", lambda e: hv.save_figure(Figure(), e.tmp / "fig.png", dpi=-1), ValueError,
      r"dpi must be a positive number or None, got -1"),
     ("save-figure-not-a-figure", lambda e: hv.save_figure("fig", e.tmp / "fig.png"), TypeError,
