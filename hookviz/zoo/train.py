@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +32,8 @@ def train(
     fresh: int = 2000,
     progress: bool = True,
 ) -> dict[str, float | str]:
-    """Train a `ShapesCNN` and write its float16 state dict to `out`; returns the fresh-split accuracy and sha256.
+    """Train a `ShapesCNN` and write its float16 state dict to `out` (safetensors); returns the fresh-split accuracy
+    and sha256.
 
     Each epoch draws `per_epoch` new images (seed ``1_000_000 + 1000 * seed + epoch``; random horizontal flips on
     top), AdamW with a one-cycle learning rate (Smith & Topin, 2019). The accuracy is measured after the round trip
@@ -69,10 +70,9 @@ def train(
     bar.close()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # saved through a buffer: torch.save names the archive after the file, which would make the sha256 depend on it
-    buffer = io.BytesIO()
-    torch.save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, buffer)
-    out.write_bytes(buffer.getvalue())
+    # safetensors: a JSON header and the raw tensors, the same bytes for the same weights whatever the file's name
+    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+    out.write_bytes(safetensors.torch.save(state))
     trained = ShapesCNN()
     trained.load_state_dict(_load_weights(out, hashlib.sha256(out.read_bytes()).hexdigest()))
     return {
@@ -86,7 +86,7 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hookviz.zoo.train --out FILE``: reproduce the shipped weights."""
     p = argparse.ArgumentParser(prog="python -m hookviz.zoo.train", description=__doc__)
-    p.add_argument("--out", required=True, help="where to write the float16 state dict (.pt)")
+    p.add_argument("--out", required=True, help="where to write the float16 state dict (.safetensors)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--per-epoch", type=int, default=6144, help="new images drawn for each epoch")
