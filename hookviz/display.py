@@ -19,12 +19,13 @@ import math
 import os
 import sys
 import warnings
-from numbers import Real
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ._checks import bool_option, is_int, number_option
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -323,13 +324,12 @@ def _prepare(
     _check_tensor(attr, "attr")
     if mode not in NORMALIZATIONS:
         raise ValueError(f"mode must be one of {NORMALIZATIONS}, got {mode!r}")
-    if isinstance(sample_dims, bool) or not isinstance(sample_dims, int) or not 0 <= sample_dims < attr.ndim:
+    if not is_int(sample_dims) or not 0 <= sample_dims < attr.ndim:
         raise ValueError(
             f"sample_dims must be an int in [0, attr.ndim) = [0, {attr.ndim}) so that at least one axis is left "
             f"for the statistics, got {sample_dims!r} for attr of shape {tuple(attr.shape)}"
         )
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    number_option("eps", eps, "a positive number", lambda v: v > 0)
     if sign not in SIGNS:
         raise ValueError(f"sign must be one of {SIGNS}, got {sign!r}")
     if scale not in SCALES:
@@ -337,8 +337,7 @@ def _prepare(
     if mode in DEFAULT_PERCENTILE:
         if percentile is None:
             percentile = DEFAULT_PERCENTILE[mode]
-        if isinstance(percentile, bool) or not isinstance(percentile, Real) or not 0 < percentile <= 100:
-            raise ValueError(f"percentile must be a number in (0, 100], got {percentile!r}")
+        number_option("percentile", percentile, "a number in (0, 100]", lambda v: 0 < v <= 100)
 
     out_dtype = attr.dtype if attr.is_floating_point() else torch.get_default_dtype()
     if attr.numel() == 0:
@@ -413,11 +412,7 @@ def colormap(x: Tensor, cmap: str = "jet") -> Tensor:
 
 
 def _check_size(size: object) -> tuple[int, int]:
-    if (
-        not isinstance(size, (tuple, list))
-        or len(size) != 2
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
-    ):
+    if not isinstance(size, (tuple, list)) or len(size) != 2 or not all(is_int(s) and s > 0 for s in size):
         raise ValueError(f"size must be a pair of positive ints (H, W), got {size!r}")
     return int(size[0]), int(size[1])
 
@@ -449,10 +444,8 @@ def overlay(image: Tensor, heat: Tensor, alpha: float = 0.5, cmap: str = "jet", 
     """
     _check_tensor(image, "image")
     _check_tensor(heat, "heat")
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
-    if not isinstance(alpha_by_map, bool):
-        raise TypeError(f"alpha_by_map must be a bool, got {type(alpha_by_map).__name__}")
+    number_option("alpha", alpha, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+    bool_option("alpha_by_map", alpha_by_map)
     _check_map_layout(image, "image", channels=3)
     _check_map_layout(heat, "heat", channels=1)
     if image.device != heat.device:

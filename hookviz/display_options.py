@@ -4,10 +4,10 @@ the method's display defaults and the fallbacks combine (see `hookviz.explanatio
 from __future__ import annotations
 
 from collections.abc import Mapping
-from numbers import Real
 from typing import Any
 
 from . import display as _display
+from ._checks import bool_option, int_option, is_number
 
 DISPLAY_KEYS = (
     "reduce",
@@ -47,10 +47,6 @@ class _UnsetType:
 _UNSET = _UnsetType()
 
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool)
-
-
 def _check_option(key: str, value: Any, name: str) -> None:
     """Check one display option; ``name`` is how the message calls it (``display['mode']`` or ``mode``).
 
@@ -72,17 +68,15 @@ def _check_option(key: str, value: Any, name: str) -> None:
         if not isinstance(value, str):
             raise TypeError(f"{name} must be the name of a matplotlib colour map (str), got {type(value).__name__}")
     elif key in ("overlay", "alpha_by_map"):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        bool_option(name, value)
     elif key == "alpha":
-        if not _is_number(value) or not 0 <= value <= 1:
+        if not is_number(value) or not 0 <= value <= 1:
             raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
     elif key == "percentile":
-        if not _is_number(value) or not 0 < value <= 100:
+        if not is_number(value) or not 0 < value <= 100:
             raise ValueError(f"{name} must be a number in (0, 100] or None, got {value!r}")
     elif key == "max_rows":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        int_option(name, value, "a positive int")
 
 
 def _check_overrides(options: Mapping[str, Any], where: str) -> None:

@@ -2,7 +2,7 @@
 
 The tensors stay where the method left them (the model's device) and unnormalized; `normalized`, `heatmap` and
 `overlay` compute batch-wide in torch, and only `figure`, `save`, `to_html`, `show` and the Jupyter hooks
-(`_repr_html_`, `_repr_png_`) turn them into pixels on the cpu.
+(`_repr_mimebundle_`) turn them into pixels on the cpu.
 
 Display options (``DISPLAY_KEYS``) come from the method's ``display_defaults`` and can be overridden per call
 (``exp.figure(sign="positive", scale="shared")``) or for good (``exp.with_display(cmap="magma")``):
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import enum
 import io
+import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from numbers import Real
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,15 +29,16 @@ from torch import Tensor
 
 from . import display as _display
 from . import panels as _panels
+from ._checks import bool_option, number_option
+from ._formats import SAVE_FORMATS, save_format
+from ._present import presenter
 from .display_options import _UNSET, DISPLAY_KEYS, _check_option, _check_overrides, _UnsetType, resolve_options
 
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
 
-__all__ = ["DISPLAY_KEYS", "Explanation", "resolve_labels"]
-
-SAVE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg", ".jpg": "jpg", ".jpeg": "jpg"}
+__all__ = ["DISPLAY_KEYS", "SAVE_FORMATS", "Explanation", "resolve_labels"]
 
 
 def _shape(t: Tensor) -> tuple[int, ...]:
@@ -133,8 +134,7 @@ class Explanation:
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
         if self.targets is not None and not isinstance(self.targets, Tensor):
             raise TypeError(f"targets must be a torch.Tensor or None, got {type(self.targets).__name__}")
-        if not isinstance(self.multi_target, bool):
-            raise TypeError(f"multi_target must be a bool, got {type(self.multi_target).__name__}")
+        bool_option("multi_target", self.multi_target)
         if not isinstance(self.method, str):
             raise TypeError(f"method must be a str, got {type(self.method).__name__}")
         labels = resolve_labels(self.labels)
@@ -334,6 +334,43 @@ class Explanation:
 
     # ---------------------------------------------------------------- pixels (cpu)
 
+    def _panels(self, where: str, options: dict[str, Any]) -> _panels.Panels:
+        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
+        o = self._options(where, **options)
+        if len(self) == 0:
+            raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
+        k = self.num_targets
+        n_rows = min(o["max_rows"], len(self) * k)
+        n_samples = math.ceil(n_rows / k)
+        # only compute what is drawn; but shared statistics come from the whole batch, so the colours of a row do
+        # not depend on how many rows are drawn
+        src = self if o["scale"] == "shared" else self[:n_samples]
+        view = {key: o[key] for key in ("cmap", "mode", "reduce", "sign", "scale", "percentile")}
+
+        def with_k(t: Tensor) -> Tensor:
+            t = t[:n_samples]
+            return t if self.multi_target else t.unsqueeze(1)
+
+        def to_hwc(t: Tensor) -> np.ndarray:
+            # (N, K, 3, H, W) -> (N, K, H, W, 3) uint8 on the device, then one cpu transfer for the whole column
+            return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
+
+        images = self._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
+        columns = [("image", to_hwc(images)), (self.method, to_hwc(with_k(src.heatmap(**view))))]
+        if o["overlay"]:
+            over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
+            columns.append(("overlay", to_hwc(with_k(over))))
+        return _panels.Panels(
+            rows=[divmod(r, k) for r in range(n_rows)],
+            columns=columns,
+            scores=self.scores[:n_samples].detach().float().cpu().tolist(),
+            targets=None if self.targets is None else self.targets[:n_samples].detach().cpu().tolist(),
+            total=len(self) * k,
+            labels=self.labels,
+            multi_target=self.multi_target,
+            header=repr(self),
+        )
+
     def figure(self, max_rows: int | None = None, **options: Any) -> Figure:
         """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
 
@@ -345,9 +382,9 @@ class Explanation:
         """
         from matplotlib.figure import Figure
 
-        panels = _panels.build(self, "figure", {"max_rows": max_rows, **options})
+        panels = self._panels("figure", {"max_rows": max_rows, **options})
         fig = Figure(figsize=_panels.figsize(panels))
-        _panels.draw(fig, self, panels)
+        _panels.draw(fig, panels)
         return fig
 
     def to_html(self, max_rows: int | None = None, **options: Any) -> str:
@@ -356,16 +393,38 @@ class Explanation:
         Each row names the sample, the target class (its label when `labels` has one, and the class id) and the
         score. Same options as `figure`; `_repr_html_` is ``to_html()`` with the display defaults.
         """
-        return _panels.html_table(self, _panels.build(self, "to_html", {"max_rows": max_rows, **options}))
+        return _panels.html_table(self._panels("to_html", {"max_rows": max_rows, **options}))
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich view: `to_html` with the display defaults."""
+        """`to_html` with the display defaults (what `_repr_mimebundle_` gives Jupyter as ``text/html``)."""
         return self.to_html()
+
+    def _repr_mimebundle_(
+        self, include: Collection[str] | None = None, exclude: Collection[str] | None = None
+    ) -> dict[str, Any]:
+        """Jupyter's rich view, drawn once: the HTML table (``text/html``), and a PNG of `figure` only for a
+        front end that cannot show HTML (one that excludes ``text/html`` and accepts ``image/png``).
+
+        One bundle instead of ``_repr_html_`` plus ``_repr_png_``: with both, Jupyter drew the explanation twice and
+        stored both in the notebook.
+        """
+
+        def wanted(mime: str) -> bool:
+            return (include is None or mime in include) and (exclude is None or mime not in exclude)
+
+        bundle: dict[str, Any] = {"text/plain": repr(self)}
+        if wanted("text/html"):
+            bundle["text/html"] = self.to_html()
+        elif wanted("image/png"):
+            buf = io.BytesIO()
+            self.figure().savefig(buf, format="png", dpi=100)
+            bundle["image/png"] = buf.getvalue()
+        return bundle
 
     def show(self, **options: Any) -> None:
         """Display the explanation: inline when running under IPython/Jupyter, else in a matplotlib window.
 
-        Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_html_`); elsewhere the `figure`
+        Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_mimebundle_`); elsewhere the `figure`
         is drawn on a pyplot figure and ``pyplot.show()`` opens it with the configured backend. ``options`` are
         those of `figure` (including ``max_rows``) and override the display defaults.
         """
@@ -380,36 +439,24 @@ class Explanation:
             return
         import matplotlib.pyplot as plt
 
-        panels = _panels.build(shown, "show", {})
+        panels = shown._panels("show", {})
         fig = plt.figure(figsize=_panels.figsize(panels))
-        _panels.draw(fig, shown, panels)
+        _panels.draw(fig, panels)
         plt.show()
 
     def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
-        """Save `figure` to ``path``; the format comes from the suffix (.png, .pdf, .svg, .jpg). Returns the Path.
+        """Save `figure` to ``path``; the format comes from the suffix (`SAVE_FORMATS`); returns the Path.
 
         ``options`` are those of `figure` (``max_rows`` and the display options). Missing parent directories are
         created, as `hookviz.save_figure` does.
         """
         path = Path(path)
-        fmt = SAVE_FORMATS.get(path.suffix.lower())
-        if fmt is None:
-            raise ValueError(
-                f"path must end with one of {tuple(SAVE_FORMATS)} to choose the format, got suffix "
-                f"{path.suffix!r} in {str(path)!r}"
-            )
-        if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
-            raise ValueError(f"dpi must be a positive number, got {dpi!r}")
+        fmt = save_format(path)
+        number_option("dpi", dpi, "a positive number", lambda v: v > 0)
         fig = self.figure(**options)  # options are checked before anything is written
         path.parent.mkdir(parents=True, exist_ok=True)  # as save_figure does
         fig.savefig(path, format=fmt, dpi=dpi)
         return path
-
-    def _repr_png_(self) -> bytes:
-        """PNG bytes of `figure`, so Jupyter shows an Explanation inline."""
-        buf = io.BytesIO()
-        self.figure().savefig(buf, format="png", dpi=100)
-        return buf.getvalue()
 
     def __repr__(self) -> str:
         k = f", K={self.num_targets}" if self.multi_target else ""
@@ -425,3 +472,7 @@ class Explanation:
             f"Explanation(method={self.method!r}, N={len(self)}{k}, "
             f"attribution={_shape(self.attribution)}, targets={targets}{relu}{prep})"
         )
+
+
+# `Attribution.visualize` (a layer below) builds an Explanation through this seam, never by importing it
+presenter("images")(Explanation)

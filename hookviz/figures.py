@@ -29,6 +29,9 @@ import torch
 from torch import Tensor
 
 from . import display as _display
+from . import panels as _panels
+from ._checks import is_number, number_option
+from ._formats import save_format
 from .explanation import Explanation
 
 if TYPE_CHECKING:
@@ -75,7 +78,6 @@ PAPER_RC: dict[str, Any] = {
     "svg.hashsalt": "hookviz",
 }
 
-SAVE_FORMATS = {".pdf": "pdf", ".svg": "svg", ".png": "png", ".eps": "eps", ".jpg": "jpg", ".jpeg": "jpg"}
 # no creation dates or software versions in the files: a figure made the same way gives the same bytes
 _METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {"Software": None}}
 
@@ -125,11 +127,7 @@ class _Column:
 def _check_size(size: Any) -> tuple[float, float] | None:
     if size is None:
         return None
-    if (
-        not isinstance(size, (tuple, list))
-        or len(size) != 2
-        or not all(isinstance(s, Real) and not isinstance(s, bool) and s > 0 for s in size)
-    ):
+    if not isinstance(size, (tuple, list)) or len(size) != 2 or not all(is_number(s) and s > 0 for s in size):
         raise ValueError(f"size must be None or a pair of positive numbers (width, height) in inches, got {size!r}")
     return float(size[0]), float(size[1])
 
@@ -220,14 +218,6 @@ def _check_same_images(exps: list[Explanation]) -> None:
 # ---------------------------------------------------------------------------------------------------- labels
 
 
-def _class_name(class_id: int | None, labels: Sequence[str] | None) -> str:
-    if class_id is None:
-        return "custom target"
-    if labels is not None and 0 <= class_id < len(labels):
-        return str(labels[class_id])
-    return f"class {class_id}"
-
-
 def _target_ids(col: _Column) -> list[int | None]:
     if col.exp.targets is None:
         return [None] * len(col.exp)
@@ -238,7 +228,7 @@ def _default_labels(columns: list[_Column], labels: Sequence[str] | None, n: int
     """(row labels, column labels): rows name the target class, columns the method (and target, with K > 1)."""
     ids = [_target_ids(c) for c in columns]
     names = [
-        [_class_name(t, labels if labels is not None else c.exp.labels) for t in col]
+        [_panels.target_title(t, labels if labels is not None else c.exp.labels) for t in col]
         for c, col in zip(columns, ids, strict=True)
     ]
     multi_k = any(c.exp.num_targets > 1 for c in columns)
@@ -479,27 +469,53 @@ def grid(
     the colour bars; each map cell's ``ax.images[0].get_array()`` holds the shown values ((H, W) in [0, 1] for
     scalar maps, (H, W, 3) RGB otherwise).
     """
-    from matplotlib import rc_context
+    labels = _check_grid_options(scale, overlay, mode, dpi, alpha, sign, labels, items, cmap, rc, out)
+    fig_size = _check_size(size)
+    # every option is checked before any method runs: a mistake costs no explanation
+    exps = _as_explanations(items)
+    if exps is None:
+        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
+    elif methods is not None or targets is not None:
+        raise ValueError("methods= and targets= are for explaining images; items already holds Explanations")
+    _check_same_images(exps)
+    columns = _columns(exps, overlay=overlay, mode=mode, cmap=cmap, sign=sign, alpha=alpha)
+    rows_text, cols_text = _grid_text(columns, labels, row_labels, col_labels, len(exps[0]), show_input)
+    fig = _draw_grid(
+        exps[0]._rgb_images(), columns, rows_text, cols_text, scale, colorbar, fig_size, dpi, title, show_input, rc
+    )
+    if out is not None:
+        save_figure(fig, out)
+    return fig
 
+
+def _check_grid_options(
+    scale: str,
+    overlay: Any,
+    mode: str | None,
+    dpi: Any,
+    alpha: Any,
+    sign: str | None,
+    labels: Any,
+    items: Any,
+    cmap: str | None,
+    rc: Any,
+    out: Any,
+) -> Sequence[str] | None:
+    """`grid`'s options checked, in the order a reader meets them; returns `labels` as class names."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     if overlay not in (True, False, "auto"):
         raise ValueError(f"overlay must be True, False or 'auto', got {overlay!r}")
     if mode is not None and mode not in _display.NORMALIZATIONS:
         raise ValueError(f"mode must be one of {_display.NORMALIZATIONS} or None, got {mode!r}")
-    if isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0:
-        raise ValueError(f"dpi must be a positive number, got {dpi!r}")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0 <= alpha <= 1):
-        raise ValueError(f"alpha must be a number in [0, 1] or None, got {alpha!r}")
+    number_option("dpi", dpi, "a positive number", lambda v: v > 0)
+    number_option("alpha", alpha, "a number in [0, 1] or None", lambda v: 0 <= v <= 1, optional=True)
     if sign is not None and sign not in _display.SIGNS:
         raise ValueError(f"sign must be one of {_display.SIGNS} or None, got {sign!r}")
-    fig_size = _check_size(size)
     if isinstance(getattr(labels, "meta", None), Mapping) and "categories" in labels.meta:
         labels = labels.meta["categories"]  # a torchvision weights enum member
     if labels is not None and (isinstance(labels, str) or not isinstance(labels, Sequence)):
         raise TypeError(f"labels must be a sequence of class names or torchvision weights, got {type(labels).__name__}")
-
-    # every option is checked before any method runs: a mistake costs no explanation
     if isinstance(items, (list, tuple)) and not items:
         raise ValueError(
             "items is an empty list: pass Explanation objects (one per column), or images with methods= and model="
@@ -509,36 +525,51 @@ def grid(
     if rc is not None:
         _check_rc(rc)
     if out is not None:
-        _save_format(Path(out), "out")
-    exps = _as_explanations(items)
-    if exps is None:
-        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
-    elif methods is not None or targets is not None:
-        raise ValueError("methods= and targets= are for explaining images; items already holds Explanations")
-    _check_same_images(exps)
-    n = len(exps[0])
+        save_format(Path(out), "out")
+    return labels
 
-    columns = _columns(exps, overlay=overlay, mode=mode, cmap=cmap, sign=sign, alpha=alpha)
+
+def _grid_text(
+    columns: list[_Column],
+    labels: Sequence[str] | None,
+    row_labels: Any,
+    col_labels: Any,
+    n: int,
+    show_input: bool,
+) -> tuple[list[str], list[str]]:
+    """(row labels, column labels, the input column's included): the given ones, else the defaults."""
     default_rows, default_cols = _default_labels(columns, labels, n)
     rows_text = _check_labels(row_labels, n, "row_labels") or default_rows
     n_cols = len(columns) + int(show_input)
     cols_given = _check_labels(col_labels, len(columns), "col_labels", (len(columns), n_cols))
-    if cols_given is None:
-        cols_text = (["Input"] if show_input else []) + default_cols
-    elif len(cols_given) == n_cols:
-        cols_text = cols_given
-    else:
-        cols_text = (["Input"] if show_input else []) + cols_given
+    if cols_given is not None and len(cols_given) == n_cols:
+        return rows_text, cols_given
+    return rows_text, (["Input"] if show_input else []) + (default_cols if cols_given is None else cols_given)
 
-    images = exps[0]._rgb_images()
+
+def _draw_grid(
+    images: Tensor,
+    columns: list[_Column],
+    rows_text: list[str],
+    cols_text: list[str],
+    scale: str,
+    colorbar: bool,
+    fig_size: tuple[float, float] | None,
+    dpi: float,
+    title: str | None,
+    show_input: bool,
+    rc: Mapping[str, Any] | None,
+) -> Figure:
+    """The grid figure of `images` (N, 3, H, W) and the map `columns`, laid out under `PAPER_RC` and `rc`."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    n, n_cols = len(images), len(columns) + int(show_input)
     reduced = [_display.reduce_channels(c.maps, c.reduce) for c in columns]
     shown = _shown(columns, _normalize(columns, reduced, scale), images)
-    inputs = _hwc(images)
-
+    cells = [(_hwc(images), None)] * int(show_input) + shown  # (pixels, colour map or None for RGB) per column
     rc_all = {**PAPER_RC, **(rc or {})}
     with rc_context(rc_all):
-        from matplotlib.figure import Figure
-
         if fig_size is None:
             extra_h = 0.2 + (0.3 if colorbar else 0) + (0.25 if title else 0)
             fig_size = (_CELL_IN * n_cols + 0.3, _CELL_IN * n + extra_h)
@@ -546,28 +577,20 @@ def grid(
         # colour bars get a row of their own, so every image cell keeps the same size and rows stay aligned
         heights = [1.0] * n + ([_CBAR_ROW] if colorbar else [])
         axes = fig.subplots(len(heights), n_cols, squeeze=False, gridspec_kw={"height_ratios": heights})
-        if colorbar and show_input:
-            fig.delaxes(axes[n, 0])
         # wrap column titles to the cell width (about 0.6 em per character)
         title_chars = max(6, int(fig_size[0] / n_cols * 72 / (0.6 * _font_pt(rc_all, "axes.titlesize"))))
         for r in range(n):
-            for j in range(n_cols):
-                ax = axes[r, j]
-                _bare(ax)
-                c = j - int(show_input)
-                if c < 0:
-                    ax.imshow(inputs[r], interpolation="nearest")
-                else:
-                    pixels, cm = shown[c]
-                    if cm is None:
-                        ax.imshow(pixels[r], interpolation="nearest")
-                    else:
-                        ax.imshow(pixels[r], cmap=cm, vmin=0.0, vmax=1.0, interpolation="nearest")
+            for j, (pixels, cm) in enumerate(cells):
+                _bare(axes[r, j])
+                style = {} if cm is None else {"cmap": cm, "vmin": 0.0, "vmax": 1.0}
+                axes[r, j].imshow(pixels[r], interpolation="nearest", **style)
                 if r == 0 and cols_text[j]:
-                    ax.set_title(_wrap(cols_text[j], title_chars))
+                    axes[r, j].set_title(_wrap(cols_text[j], title_chars))
             if rows_text[r]:
                 axes[r, 0].set_ylabel(_wrap(rows_text[r], _LABEL_WIDTH))
         if colorbar:
+            if show_input:
+                fig.delaxes(axes[n, 0])
             for c, col in enumerate(columns):
                 cm = col.cmap if col.overlay or shown[c][1] is not None else None
                 if cm is None:  # RGB maps have no colour scale
@@ -579,16 +602,7 @@ def grid(
             fig.suptitle(_wrap(title, int(fig_size[0] * 72 / (0.6 * _font_pt(rc_all, "figure.titlesize")))))
         fig.draw_without_rendering()  # layout and ticks now, under this figure's rc (fonts, sizes)
     fig._hookviz_rc = rc_all  # save_figure writes under the same rc
-    if out is not None:
-        save_figure(fig, out)
     return fig
-
-
-def _save_format(path: Path, name: str = "path") -> str:
-    fmt = SAVE_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"{name} must end with one of {tuple(SAVE_FORMATS)} to choose the format, got {str(path)!r}")
-    return fmt
 
 
 def _check_rc(rc: Any) -> None:
@@ -621,9 +635,8 @@ def save_figure(fig: Figure, path: str | PathLike[str], *, dpi: float | None = N
     if not isinstance(fig, Figure):
         raise TypeError(f"fig must be a matplotlib Figure (e.g. from hookviz.grid), got {type(fig).__name__}")
     path = Path(path)
-    fmt = _save_format(path)
-    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, Real) or not dpi > 0):
-        raise ValueError(f"dpi must be a positive number or None, got {dpi!r}")
+    fmt = save_format(path)
+    number_option("dpi", dpi, "a positive number or None", lambda v: v > 0, optional=True)
     rc = {
         **getattr(fig, "_hookviz_rc", {}),
         **{k: PAPER_RC[k] for k in ("pdf.fonttype", "ps.fonttype", "svg.fonttype", "svg.hashsalt")},

@@ -1,8 +1,7 @@
 """A model and the batch it is given: where the model lives (device, dtype), what its first convolution takes, and
 the checks a batch passes before any work (`check_model_inputs`).
 
-Image decoding and presets are in `hookviz.images`; their names stay importable from here (``hookviz.inputs.
-load_images``, ``hookviz.inputs.IMAGENET``, ...) for code written before the split.
+Image decoding and presets are in `hookviz.images` (one layer up: it uses the checks here).
 """
 
 from __future__ import annotations
@@ -25,29 +24,6 @@ __all__ = [
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # The batch layout each convolution takes (torch also accepts unbatched inputs, which would lose the batch axis).
 _CONV_LAYOUTS = {nn.Conv1d: "(N, C, L)", nn.Conv2d: "(N, C, H, W)", nn.Conv3d: "(N, C, D, H, W)"}
-# names that moved to hookviz.images, still served from here (PEP 562: lazy, so the two modules do not import in a
-# circle)
-_IMAGE_NAMES = frozenset(
-    {
-        "IMAGENET",
-        "IMAGENET_MEAN",
-        "IMAGENET_STD",
-        "PRESETS",
-        "Batch",
-        "ImageLike",
-        "Preprocess",
-        "Preset",
-        "load_images",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _IMAGE_NAMES:
-        from . import images
-
-        return getattr(images, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_module(model: Any) -> None:

@@ -1,24 +1,20 @@
-"""An `Explanation` drawn: the rows and columns of pixels that its figures and HTML views show (computed in torch, one
-cpu transfer per column), a matplotlib figure of them, and an HTML table of them with inline PNGs."""
+"""Drawing from plain data: the rows and columns of pixels that an explanation's figures and HTML views show
+(`Panels`, computed by `hookviz.Explanation` in torch, one cpu transfer per column), a matplotlib figure of them, an
+HTML table of them with inline PNGs, and the one rule that names a target in every figure and view (`target_title`).
+Nothing here knows the result objects: they hand their pixels over as data."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from torch import Tensor
-
-from . import display as _display
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
     from matplotlib.figure import Figure
-
-    from .explanation import Explanation
 
 
 def _png_data_uri(pixels: np.ndarray) -> str:
@@ -34,62 +30,34 @@ _HTML_WIDTH = 192  # px per panel in the HTML view; small maps are scaled up wit
 
 
 @dataclass
-class _Panels:
-    """What a figure or HTML view of an Explanation draws."""
+class Panels:
+    """What a figure or HTML view of an explanation draws."""
 
     rows: list[tuple[int, int]]  # (sample, target) per drawn row
     columns: list[tuple[str, np.ndarray]]  # (title, (n, K, H, W, 3) uint8)
     scores: list[list[float]]
     targets: list[list[int]] | None
     total: int  # rows there would be without max_rows
+    labels: Sequence[str] | None = None  # class names indexed by class id
+    multi_target: bool = False  # K targets per sample: rows name the target too
+    header: str = ""  # a line above the HTML table (the explanation's repr)
 
 
-def target_title(exp: Explanation, class_id: int | None) -> str:
-    """A target's column title: its label when `labels` has one, else its class id."""
+def target_title(class_id: int | None, labels: Sequence[str] | None, *, with_id: bool = False) -> str:
+    """A target's title in every figure and view: its label when `labels` has one (followed by ``(class i)`` when
+    `with_id`), else ``class i``; ``custom target`` for a callable target (no class id)."""
     if class_id is None:
         return "custom target"
-    if exp.labels is not None and 0 <= class_id < len(exp.labels):
-        return str(exp.labels[class_id])
+    if labels is not None and 0 <= class_id < len(labels):
+        return f"{labels[class_id]} (class {class_id})" if with_id else str(labels[class_id])
     return f"class {class_id}"
 
 
-def build(exp: Explanation, where: str, options: dict[str, Any]) -> _Panels:
-    """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
-    o = exp._options(where, **options)
-    if len(exp) == 0:
-        raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
-    k = exp.num_targets
-    n_rows = min(o["max_rows"], len(exp) * k)
-    n_samples = math.ceil(n_rows / k)
-    # only compute what is drawn; but shared statistics come from the whole batch, so the colours of a row do
-    # not depend on how many rows are drawn
-    src = exp if o["scale"] == "shared" else exp[:n_samples]
-    view = {key: o[key] for key in ("cmap", "mode", "reduce", "sign", "scale", "percentile")}
-
-    def with_k(t: Tensor) -> Tensor:
-        t = t[:n_samples]
-        return t if exp.multi_target else t.unsqueeze(1)
-
-    def to_hwc(t: Tensor) -> np.ndarray:
-        # (N, K, 3, H, W) -> (N, K, H, W, 3) uint8 on the device, then one cpu transfer for the whole column
-        return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
-
-    images = exp._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
-    columns = [("image", to_hwc(images)), (exp.method, to_hwc(with_k(src.heatmap(**view))))]
-    if o["overlay"]:
-        over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
-        columns.append(("overlay", to_hwc(with_k(over))))
-    scores = exp.scores[:n_samples].detach().float().cpu().tolist()
-    targets = None if exp.targets is None else exp.targets[:n_samples].detach().cpu().tolist()
-    rows = [divmod(r, k) for r in range(n_rows)]
-    return _Panels(rows=rows, columns=columns, scores=scores, targets=targets, total=len(exp) * k)
-
-
-def draw(fig: Figure, exp: Explanation, panels: _Panels) -> None:
+def draw(fig: Figure, panels: Panels) -> None:
     """Draw the panels on `fig`: one row of axes per panel row, titled with the target and score."""
     axes = fig.subplots(len(panels.rows), len(panels.columns), squeeze=False)
     for r, (i, j) in enumerate(panels.rows):
-        target = target_title(exp, None if panels.targets is None else panels.targets[i][j])
+        target = target_title(None if panels.targets is None else panels.targets[i][j], panels.labels)
         titles = [f"{target}  score {panels.scores[i][j]:.3g}"] + [name for name, _ in panels.columns[1:]]
         for c, (_, pixels) in enumerate(panels.columns):
             ax = axes[r, c]
@@ -100,20 +68,19 @@ def draw(fig: Figure, exp: Explanation, panels: _Panels) -> None:
     fig.tight_layout()
 
 
-def figsize(panels: _Panels) -> tuple[float, float]:
+def figsize(panels: Panels) -> tuple[float, float]:
+    """Inches: 2.6 per panel."""
     return 2.6 * len(panels.columns), 2.6 * len(panels.rows)
 
 
-def html_table(exp: Explanation, panels: _Panels) -> str:
-    """The panels as an HTML table with inline PNGs, headed by the Explanation's repr."""
+def html_table(panels: Panels) -> str:
+    """The panels as an HTML table with inline PNGs, headed by ``panels.header``."""
     head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in panels.columns)
     body = []
     for i, j in panels.rows:
         class_id = None if panels.targets is None else panels.targets[i][j]
-        target = target_title(exp, class_id)
-        if class_id is not None and target != f"class {class_id}":
-            target += f" (class {class_id})"
-        sample = f"sample {i}" + (f", target {j}" if exp.multi_target else "")
+        target = target_title(class_id, panels.labels, with_id=True)
+        sample = f"sample {i}" + (f", target {j}" if panels.multi_target else "")
         info = f"{sample}<br><b>{html.escape(target)}</b><br>score {panels.scores[i][j]:.4g}"
         cells = "".join(
             f'<td><img src="{_png_data_uri(pixels[i, j])}" alt="{html.escape(name)}" width="{_HTML_WIDTH}" '
@@ -124,6 +91,6 @@ def html_table(exp: Explanation, panels: _Panels) -> str:
     more = len(panels.rows) < panels.total
     note = f"<div>showing {len(panels.rows)} of {panels.total} rows</div>" if more else ""
     return (
-        f'<div class="hookviz-explanation"><div><code>{html.escape(repr(exp))}</code></div>'
+        f'<div class="hookviz-explanation"><div><code>{html.escape(panels.header)}</code></div>'
         f"<table><tr><th></th>{head}</tr>{''.join(body)}</table>{note}</div>"
     )

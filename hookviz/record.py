@@ -33,6 +33,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ._calls import CallCounter
+from ._checks import bool_option, int_option
+from ._progress import progress_bar
 from .hooks import HookManager, Selector, select_modules
 from .inputs import model_device
 from .layouts import LayoutSpec, resolve_layout
@@ -49,21 +52,6 @@ def call_key(name: str, index: int) -> str:
     return name if index == 0 else f"{name}#{index}"
 
 
-class _CallCounter:
-    """Per-forward call counts of each module name, turned into keys (see `call_key`)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def reset(self, *_: Any) -> None:
-        self.counts.clear()
-
-    def key(self, name: str) -> str:
-        i = self.counts.get(name, 0)
-        self.counts[name] = i + 1
-        return name if i == 0 else f"{name}#{i}"
-
-
 def first_tensor(output: Any) -> Tensor | None:
     """The tensor a module returned: the output itself, or the first element of a tuple/list (``nn.LSTM``,
     ``nn.MultiheadAttention``, most transformer blocks); None for anything else."""
@@ -74,13 +62,6 @@ def first_tensor(output: Any) -> Tensor | None:
     return None
 
 
-def _tqdm() -> Any:
-    """tqdm's auto progress bar class if tqdm is installed, else None (tqdm is optional)."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm
 
 
 def _to_device(obj: Any, device: torch.device, requires_grad: bool = False) -> Any:
@@ -136,8 +117,7 @@ class _Recorder:
             )
         if reduce is not None and not callable(reduce):
             raise TypeError(f"reduce must be a callable tensor -> tensor (or None), got {type(reduce).__name__}")
-        if not isinstance(accumulate, bool):
-            raise TypeError(f"accumulate must be True or False, got {type(accumulate).__name__}")
+        bool_option("accumulate", accumulate, "True or False")
         self.model = model
         self.store = store
         self.dtype = dtype
@@ -147,7 +127,7 @@ class _Recorder:
         self.names: list[str] = [n for n, _ in select_modules(model, select)]
         self._selected = frozenset(self.names)
         self._hooks: HookManager | None = None
-        self._calls = _CallCounter()
+        self._calls = CallCounter()
         self._history: dict[str, list[Tensor]] = {}
         self._sync_devices: set[torch.device] = set()
 
@@ -256,18 +236,16 @@ class _Recorder:
 
     # -- over a data set ----------------------------------------------------------------------------------------
     def _iterate(self, loader: Iterable[Any], max_batches: int | None, progress: bool) -> Iterable[Any]:
-        if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-            raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
+        int_option("max_batches", max_batches, "a positive int or None", optional=True)
         batches: Iterable[Any] = loader if max_batches is None else itertools.islice(loader, max_batches)
-        tqdm = _tqdm() if progress else None
-        if tqdm is None:
+        if not progress:
             return batches
         total = None
         if hasattr(loader, "__len__"):
             total = len(loader)  # type: ignore[arg-type]
             if max_batches is not None:
                 total = min(total, max_batches)
-        return tqdm(batches, total=total, desc=f"{type(self).__name__}", unit="batch")
+        return progress_bar(batches, total=total, desc=f"{type(self).__name__}", unit="batch")
 
     def _run(self, batches: Iterable[Any], step: Callable[[Any], None]) -> dict[str, Tensor]:
         started = not self.active
@@ -363,8 +341,8 @@ class ActivationRecorder(_Recorder):
 
         Each batch is moved to `device` (default: the model's) and fed as ``model(batch)`` (a tensor),
         ``model(batch[0])`` (a tuple/list, e.g. ``(images, labels)``) or ``model(**batch)`` (a dict), or as
-        ``forward(model, batch)`` when given. Stops after `max_batches`; shows a tqdm progress bar when `progress` and
-        tqdm is installed. Every batch is kept (whatever `accumulate` says), appended to what was recorded before.
+        ``forward(model, batch)`` when given. Stops after `max_batches`; shows a tqdm progress bar when `progress`.
+        Every batch is kept (whatever `accumulate` says), appended to what was recorded before.
         The model's ``training`` flag is left as it is: call ``model.eval()`` first for inference statistics.
         """
         dev = torch.device(device) if device is not None else model_device(self.model)

@@ -20,6 +20,7 @@ A callable target gets the output as the model returned it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -27,6 +28,8 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import torch
 from torch import Tensor
+
+from ._checks import int_option
 
 TargetFn: TypeAlias = Callable[[Any], Tensor]
 TargetSpec: TypeAlias = (
@@ -215,12 +218,12 @@ def batched_grad(
     vectorized backward passes (`torch.autograd.grad(..., is_grads_batched=True)`) over at most `chunk` seeds at a
     time, which bounds the memory; ``"loop"`` runs K backward passes over the retained graph. ``"auto"`` picks the
     faster one for the device (`auto_strategy`: the loop on the CPU, vmap on GPUs) and falls back to the loop for
-    operations vmap cannot batch.
+    operations vmap cannot batch or when vmap runs out of memory, with a RuntimeWarning (once per reason) that says
+    why.
     """
     if scores.dim() != 2:
         raise ValueError(f"scores must be (N, K), got shape {tuple(scores.shape)}")
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise ValueError(f"chunk must be an int >= 1 (seeds per vectorized backward pass), got {chunk!r}")
+    int_option("chunk", chunk, "an int >= 1 (seeds per vectorized backward pass)")
     n, k = scores.shape
     try:
         if k == 1:
@@ -230,9 +233,10 @@ def batched_grad(
         if how == "vmap":
             try:
                 return _vmap_grad(scores, inputs, chunk, fallback=strategy == "auto")
-            except (RuntimeError, NotImplementedError):
+            except (RuntimeError, NotImplementedError) as exc:
                 if strategy == "vmap":
                     raise
+                _warn_fallback(exc)
         per_k = [torch.autograd.grad(scores[:, j].sum(), inputs, retain_graph=j < k - 1) for j in range(k)]
         return [torch.stack([g[i] for g in per_k], dim=1) for i in range(len(inputs))]
     except RuntimeError as exc:
@@ -242,6 +246,30 @@ def batched_grad(
                 "forward pass? does the callable target use the model output?)"
             ) from exc
         raise
+
+
+_FALLBACKS_WARNED: set[str] = set()
+
+
+def _warn_fallback(exc: BaseException) -> None:
+    """Say once per reason that ``backward="auto"`` fell back from vmap to the loop, and why: the results are the
+    same, the time and memory are not, and an out-of-memory error is never passed over in silence."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    reason = f"{type(exc).__name__}: {detail}"
+    if reason in _FALLBACKS_WARNED:
+        return
+    _FALLBACKS_WARNED.add(reason)
+    if isinstance(exc, torch.OutOfMemoryError):
+        why = "the vectorized backward pass ran out of memory"
+        fix = "lower the vmap chunk (batched_grad(chunk=...)) or the batch, or pass backward='loop'"
+    else:
+        why = "vmap cannot batch an operation of this model"
+        fix = "pass backward='loop' to skip the attempt"
+    warnings.warn(
+        f"backward='auto': {why} ({reason}); fell back to one backward pass per target (same results, slower); {fix}",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _vmap_grad(scores: Tensor, inputs: Sequence[Tensor], chunk: int, fallback: bool) -> list[Tensor]:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from numbers import Real
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from ._checks import int_option, number_option
+from ._formats import save_format
+from ._present import presenter
 from .explanation import resolve_labels
+from .panels import target_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["TokenExplanation", "explain_tokens", "token_colour"]
 
 Vocab = Sequence[str] | Callable[[int], str]
-_FIGURE_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 _POSITIVE = (214, 39, 40)  # red: the token speaks for the target
 _NEGATIVE = (31, 119, 180)  # blue: against it
 
@@ -122,28 +124,19 @@ class TokenExplanation:
     def _scale(self, scale: float | None) -> float:
         if scale is None:
             return float(self.token_scores.abs().max()) if self.token_scores.numel() else 0.0
-        if isinstance(scale, bool) or not isinstance(scale, Real) or not scale > 0:
-            raise ValueError(
-                f"scale must be None (the largest |score| of the explanation) or a number > 0, got {scale!r}"
-            )
+        number_option("scale", scale, "None (the largest |score| of the explanation) or a number > 0", lambda v: v > 0)
         return float(scale)
 
     def _rows(self, max_rows: int | None) -> tuple[list[tuple[int, int]], int]:
         k = self.token_scores.shape[1]
         rows = [(i, j) for i in range(len(self)) for j in range(k)]
         if max_rows is not None:
-            if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-                raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
+            int_option("max_rows", max_rows, "None or an int >= 1")
             return rows[:max_rows], len(rows)
         return rows, len(rows)
 
     def _target_title(self, i: int, j: int) -> str:
-        if self.targets is None:
-            return "callable target"
-        c = int(self.targets[i, j])
-        if self.labels is not None and 0 <= c < len(self.labels):
-            return f"{self.labels[c]} (class {c})"
-        return f"class {c}"
+        return target_title(None if self.targets is None else int(self.targets[i, j]), self.labels, with_id=True)
 
     def to_html(self, max_rows: int | None = 20, scale: float | None = None) -> str:
         """Highlighted text, one line per (sequence[, target]); the colour scale is shared by all lines.
@@ -212,18 +205,13 @@ class TokenExplanation:
         return fig
 
     def save(self, path: str | PathLike[str], **options: Any) -> Path:
-        """Save as HTML (``.html``) or as a figure (``.png``, ``.pdf``, ``.svg``); options of `to_html` / `figure`."""
+        """Save as HTML (``.html``) or as a figure (a suffix of `SAVE_FORMATS`); options of `to_html` / `figure`."""
         path = Path(path)
         suffix = path.suffix.lower()
         if suffix in (".html", ".htm"):
             path.write_text(f'<!DOCTYPE html><meta charset="utf-8">{self.to_html(**options)}', encoding="utf-8")
             return path
-        fmt = _FIGURE_FORMATS.get(suffix)
-        if fmt is None:
-            raise ValueError(
-                f"path must end with .html or one of {tuple(_FIGURE_FORMATS)} to choose the format, got suffix "
-                f"{path.suffix!r} in {str(path)!r}"
-            )
+        fmt = save_format(path, also=".html or ")
         self.figure(**options).savefig(path, format=fmt, dpi=150)
         return path
 
@@ -232,6 +220,7 @@ class TokenExplanation:
         return f"TokenExplanation(method={self.method!r}, N={len(self)}{k}, tokens={tuple(self.tokens.shape)})"
 
 
+@presenter("tokens")  # `Attribution.visualize` of token ids comes here through the seam
 def explain_tokens(
     method: Attribution,
     tokens: Tensor,

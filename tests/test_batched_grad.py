@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
+import hookviz.targets as targets_module
 from hookviz.targets import auto_strategy, batched_grad
 
 
@@ -45,3 +48,31 @@ def test_chunk_must_be_positive():
     _, x, out = _scores()
     with pytest.raises(ValueError, match="chunk must be an int >= 1 .*got 0"):
         batched_grad(out[:, [0, 1]], [x], chunk=0)
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (RuntimeError("vmap: It looks like you're calling .item() on a Tensor"), "vmap cannot batch an operation"),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB"), "ran out of memory"),
+    ],
+)
+def test_auto_falls_back_to_the_loop_with_one_warning_that_says_why(monkeypatch, error, said):
+    # where auto picks vmap (GPUs) and vmap fails, the loop gives the same gradients; the fallback is said once
+    monkeypatch.setattr(targets_module, "auto_strategy", lambda device: "vmap")
+    monkeypatch.setattr(targets_module, "_FALLBACKS_WARNED", set())
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(targets_module, "_vmap_grad", failing)
+    net, x, out = _scores()
+    (loop,) = batched_grad(out[:, [1, 3]], [x], strategy="loop")
+    with pytest.warns(RuntimeWarning, match=rf"backward='auto': .*{said}.* \({type(error).__name__}: .*fell back"):
+        (auto,) = batched_grad(net(x)[:, [1, 3]], [x], strategy="auto")
+    torch.testing.assert_close(auto, loop)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason again: no second warning
+        batched_grad(net(x)[:, [0, 2]], [x], strategy="auto")
+    with pytest.raises(type(error)):
+        batched_grad(net(x)[:, [0, 2]], [x], strategy="vmap")  # asked for vmap: the error is the user's

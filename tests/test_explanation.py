@@ -420,20 +420,46 @@ def test_save_formats(tmp_path, suffix, magic):
 
 
 def test_save_unknown_suffix(tmp_path):
-    with pytest.raises(ValueError, match=r"path must end with one of \('.png', '.pdf', '.svg'.*got suffix '.gif'"):
+    with pytest.raises(
+        ValueError, match=r"path must end with one of \('.pdf', '.svg', '.png', '.eps'.*got suffix '.gif'"
+    ):
         make().save(tmp_path / "fig.gif")
     with pytest.raises(ValueError, match="got suffix ''"):
         make().save(tmp_path / "fig")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_repr_png_decodes():
-    data = make(3, "input")._repr_png_()
+def png_view(e):
+    """The PNG a front end that cannot show HTML gets."""
+    bundle = e._repr_mimebundle_(include={"image/png", "text/plain"})
+    assert set(bundle) == {"image/png", "text/plain"}
+    return bundle["image/png"]
+
+
+def test_png_view_decodes_for_front_ends_without_html():
+    data = png_view(make(3, "input"))
     assert isinstance(data, bytes)
     img = Image.open(io.BytesIO(data))
     # 2 samples x 3 targets = 6 rows of (image | map | overlay), 2.6 inches a panel at 100 dpi
     assert img.format == "PNG" and img.size == (3 * 260, 6 * 260)
-    assert Image.open(io.BytesIO(make(3, "input")[:1]._repr_png_())).size == (3 * 260, 3 * 260)
+    assert Image.open(io.BytesIO(png_view(make(3, "input")[:1]))).size == (3 * 260, 3 * 260)
+    assert set(make(3, "input")._repr_mimebundle_(exclude={"text/html"})) == {"image/png", "text/plain"}
+
+
+def test_one_notebook_display_draws_once(monkeypatch):
+    # Jupyter asks every formatter; with _repr_html_ and _repr_png_ both present it drew the panels twice (HTML and
+    # a matplotlib figure) and stored both. The bundle gives HTML and text only, and the panels are built once.
+    from IPython.core.formatters import DisplayFormatter  # ipykernel (the dev extra) brings IPython
+
+    from hookviz.explanation import Explanation
+
+    built = []
+    original = Explanation._panels
+    monkeypatch.setattr(Explanation, "_panels", lambda self, *a, **k: built.append(a) or original(self, *a, **k))
+    monkeypatch.setattr(Explanation, "figure", lambda *a, **k: pytest.fail("a notebook display drew a figure"))
+    data, _ = DisplayFormatter().format(make(1, "input"))
+    assert "text/html" in data and "image/png" not in data and data["text/plain"].startswith("Explanation(")
+    assert len(built) == 1
 
 
 def test_repr_one_line():

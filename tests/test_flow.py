@@ -296,6 +296,19 @@ def test_fused_kernels_match_the_eager_kernels() -> None:
         assert fused.param_present[stat].all()
 
 
+def test_fused_kernels_do_not_hide_out_of_memory(monkeypatch) -> None:
+    # an out-of-memory error is not a compile failure: the eager kernels would need the memory too
+    def exhausted(fn):
+        def call(*args):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        return call
+
+    monkeypatch.setattr(flow_module, "_compiled", exhausted)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        run_fused(True)
+
+
 def test_fused_kernels_fall_back_to_eager_when_compiling_fails(monkeypatch) -> None:
     def broken(fn):
         def call(*args):
@@ -307,6 +320,7 @@ def test_fused_kernels_fall_back_to_eager_when_compiling_fails(monkeypatch) -> N
     with pytest.warns(RuntimeWarning, match=r"compiling the fused statistics kernels failed \(RuntimeError: no C\+\+ "):
         flow, stats = run_fused(True)
     assert flow._compile_failed
+    assert str(flow._kernels.compile_error) == "no C++ compiler\nmore detail"  # the whole error, kept
     _, eager = run_fused(False)
     for stat in ("grad_norm", "grad_mean_abs", "update_ratio"):
         np.testing.assert_allclose(stats.param_stats[stat], eager.param_stats[stat], rtol=1e-6)

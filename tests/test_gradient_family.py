@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from refs import reference
 from torch import nn
 from torchvision import models
 
@@ -16,7 +17,7 @@ from hookviz.methods.gradient import InputXGradient, IntegratedGradients, Salien
 from hookviz.methods.guided import GuidedBackprop
 from hookviz.methods.noise import SmoothGrad
 
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 from reference import gradient as ref  # noqa: E402
 from test_hooks import SeedNet, no_hooks  # noqa: E402

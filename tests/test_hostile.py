@@ -235,7 +235,7 @@ ROWS: list[Row] = [
     ("figure-max-rows", lambda e: e.exp.figure(max_rows=0), ValueError, r"max_rows must be a positive int, got 0"),
     ("figure-overlay", lambda e: e.exp.figure(overlay="yes"), TypeError, r"overlay must be a bool, got str"),
     ("save-suffix", lambda e: e.exp.save(e.tmp / "fig.gif"), ValueError,
-     r"path must end with one of \('.png', '.pdf', '.svg', '.jpg', '.jpeg'\) .* got suffix '.gif'"),
+     r"path must end with one of \('.pdf', '.svg', '.png', '.eps', '.jpg', '.jpeg'\) .* got suffix '.gif'"),
     ("save-no-suffix", lambda e: e.exp.save(e.tmp / "fig"), ValueError,
      r"path must end with one of .* got suffix '' in '.*fig'"),
     ("save-dpi", lambda e: e.exp.save(e.tmp / "fig.png", dpi=0), ValueError, r"dpi must be a positive number, got 0"),
@@ -257,7 +257,8 @@ ROWS: list[Row] = [
     ("grid-mixed", lambda e: hv.grid([e.exp, 3]), TypeError,
      r"items mixes Explanation objects and other things: pass only Explanations, or only images"),
     ("save-figure-suffix", lambda e: hv.save_figure(Figure(), e.tmp / "fig.gif"), ValueError,
-     r"path must end with one of \('.pdf', '.svg', '.png', '.eps', '.jpg', '.jpeg'\) .* got '.*fig.gif'"),
+     r"path must end with one of \('.pdf', '.svg', '.png', '.eps', '.jpg', '.jpeg'\) .* got suffix '.gif' "
+     r"in '.*fig.gif'"),
     ("save-figure-dpi", lambda e: hv.save_figure(Figure(), e.tmp / "fig.png", dpi=-1), ValueError,
      r"dpi must be a positive number or None, got -1"),
     ("save-figure-not-a-figure", lambda e: hv.save_figure("fig", e.tmp / "fig.png"), TypeError,

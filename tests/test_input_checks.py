@@ -217,7 +217,8 @@ def test_decompression_bomb_in_hookviz_explain_is_one_line(bomb: str, tmp_path, 
         ({"methods": ["saliency"], "rc": {"font.sizee": 3}}, ValueError, r"rc: 'font.sizee' is not a matplotlib .*"
          r"'font.size'"),
         ({"methods": ["saliency"], "rc": {"font.size": "big"}}, ValueError, r"rc: Key font.size: .*'big'"),
-        ({"methods": ["saliency"], "out": "fig.gif"}, ValueError, r"out must end with one of .* got 'fig.gif'"),
+        ({"methods": ["saliency"], "out": "fig.gif"}, ValueError,
+         r"out must end with one of .* got suffix '.gif' in 'fig.gif'"),
     ],
 )  # fmt: skip
 def test_grid_checks_methods_colormaps_and_options_before_running_any(kwargs, error, match) -> None:

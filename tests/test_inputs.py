@@ -7,16 +7,8 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms._presets import ImageClassification
 
-from hookviz.inputs import (
-    IMAGENET,
-    PRESETS,
-    Batch,
-    Preset,
-    check_channels,
-    expected_channels,
-    load_images,
-    model_device,
-)
+from hookviz.images import IMAGENET, PRESETS, Batch, Preset, load_images
+from hookviz.inputs import check_channels, expected_channels, model_device
 
 MEAN = (0.5, 0.25, 0.125)
 STD = (0.5, 0.25, 0.5)

@@ -7,13 +7,14 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from refs import reference
 from torch import nn
 from torchvision import models
 
 import hookviz as hv
 from hookviz import GradCAM, GuidedBackprop, Saliency
 
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 from test_hooks import SeedNet  # noqa: E402
 

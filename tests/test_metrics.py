@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cheap import cheap_method
+from refs import require
 from torch import nn
 
 import hookviz as hv
@@ -119,21 +120,26 @@ def test_pointing_game_upsamples_bilinearly() -> None:
 
 
 def test_pointing_game_agrees_with_quantus() -> None:
-    quantus = pytest.importorskip("quantus")
+    quantus = require("quantus")
     g = torch.Generator().manual_seed(1)
     a = torch.randint(0, 12, (64, 1, 7, 7), generator=g).float()
     s = torch.rand(64, 1, 7, 7, generator=g) < 0.15
     s[s.flatten(1).sum(1) == 0, 0, 0, 0] = True  # Quantus scores an empty mask as a hit (see the next test)
     metric = quantus.PointingGame(abs=False, normalise=False, disable_warnings=True)
-    want = metric(model=None, x_batch=torch.rand(64, 1, 7, 7).numpy(), y_batch=np.zeros(64, int), a_batch=a.numpy(),
-                  s_batch=s.numpy())
+    want = metric(
+        model=None,
+        x_batch=torch.rand(64, 1, 7, 7).numpy(),
+        y_batch=np.zeros(64, int),
+        a_batch=a.numpy(),
+        s_batch=s.numpy(),
+    )
     got = hv.pointing_game(a, s)
     assert 0 < got.sum() < 64  # both hits and misses
     assert got.tolist() == [float(w) for w in want]
 
 
 def test_quantus_pointing_game_gives_empty_masks_a_hit_we_give_nan() -> None:
-    quantus = pytest.importorskip("quantus")
+    quantus = require("quantus")
     a = torch.rand(2, 1, 4, 4)
     s = torch.zeros(2, 1, 4, 4, dtype=torch.bool)
     s[0, 0, 0, 0] = True
@@ -291,7 +297,7 @@ def test_deletion_default_target_is_the_top_class_and_callable_targets_give_the_
 
 
 def test_rise_kernel_matches_scipy_gaussian_filter_and_blur_uses_reflect_padding() -> None:
-    ndimage = pytest.importorskip("scipy.ndimage")
+    ndimage = require("scipy.ndimage")
     delta = np.zeros((11, 11))
     delta[5, 5] = 1
     torch.testing.assert_close(M.rise_kernel(), torch.from_numpy(ndimage.gaussian_filter(delta, 5)))
@@ -372,7 +378,7 @@ def test_spearman_by_hand_with_ties() -> None:
 
 
 def test_spearman_matches_scipy() -> None:
-    stats = pytest.importorskip("scipy.stats")
+    stats = require("scipy.stats")
     g = torch.Generator().manual_seed(0)
     a = torch.randint(0, 5, (6, 30), generator=g).float()
     b = torch.randint(0, 7, (6, 30), generator=g).float()
@@ -381,7 +387,7 @@ def test_spearman_matches_scipy() -> None:
 
 
 def quantus_mprt(model, x, y, order, method_cls):
-    quantus = pytest.importorskip("quantus")
+    quantus = require("quantus")
 
     def explain(model, inputs, targets, **kwargs):
         attr = method_cls(model).attribute(torch.as_tensor(inputs), torch.as_tensor(targets))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from refs import reference
 from torch import nn
 
 import hookviz as hv
 
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 from reference import cam as ref_cam  # noqa: E402
 from reference import gradient as ref  # noqa: E402

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from reference import perturbation as ref
+from refs import reference
 from torch import nn
 
 import hookviz as hv
 from hookviz import RISE, Occlusion
 
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 
 def tanh_cnn(classes: int = 5, hw: tuple[int, int] = (10, 9)) -> nn.Module:

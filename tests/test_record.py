@@ -11,7 +11,6 @@ from test_hooks import SeedNet, no_hooks  # noqa: E402
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import hookviz.record as record
 from hookviz import hook_counts
 from hookviz.record import ActivationRecorder, GradientRecorder, call_key
 
@@ -283,10 +282,13 @@ def test_activation_record_over_a_loader_stops_at_max_batches(progress: bool, ca
     assert model.training and no_hooks(model)
 
 
-def test_record_without_tqdm(monkeypatch) -> None:
-    monkeypatch.setattr(record, "_tqdm", lambda: None)
+def test_record_progress_bar_draws_only_when_asked(capsys) -> None:
+    # tqdm is a runtime dependency: progress=True always draws a bar (on stderr outside notebooks), False never does
     out = ActivationRecorder(Twice(), "fc2").record(make_loader(), progress=True)
     assert out["fc2"].shape == (10, 4)
+    assert "ActivationRecorder" in capsys.readouterr().err
+    ActivationRecorder(Twice(), "fc2").record(make_loader(), progress=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_record_with_dict_batches_and_forward() -> None:

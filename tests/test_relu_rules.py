@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from refs import reference
 from torch import nn
 from torchvision import models
 from torchvision.models.densenet import DenseNet
@@ -14,7 +15,7 @@ import hookviz as hv
 from hookviz import hook_counts
 from hookviz.methods.guided import Deconvnet, GuidedBackprop, ReLUCoverage
 
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 from reference import relu_rules as ref  # noqa: E402
 from test_hooks import SeedNet  # noqa: E402

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import pickle
 
 import pytest
+import safetensors.torch
 import torch
 from torch.utils.data import DataLoader
 from torchvision.ops import masks_to_boxes
@@ -167,32 +170,47 @@ def test_grad_cam_points_at_the_object(model) -> None:
 
 
 def test_corrupted_or_missing_weights_name_the_file(tmp_path, monkeypatch) -> None:
-    bad = tmp_path / "shapes_cnn.pt"
+    bad = tmp_path / "shapes_cnn.safetensors"
     data = bytearray(zoo.WEIGHTS_FILE.read_bytes())
     data[len(data) // 2] ^= 0xFF
     bad.write_bytes(bytes(data))
-    monkeypatch.setattr(zoo, "WEIGHTS_FILE", bad)
+    monkeypatch.setattr(zoo.model, "WEIGHTS_FILE", bad)
     got = hashlib.sha256(bytes(data)).hexdigest()
     with pytest.raises(RuntimeError, match=f"{bad}.*sha256 mismatch, expected {zoo.WEIGHTS_SHA256}, got {got}"):
         zoo.shapes_model()
-    missing = tmp_path / "nowhere.pt"
-    monkeypatch.setattr(zoo, "WEIGHTS_FILE", missing)
+    missing = tmp_path / "nowhere.safetensors"
+    monkeypatch.setattr(zoo.model, "WEIGHTS_FILE", missing)
     with pytest.raises(FileNotFoundError, match=f"weights file {missing} is missing"):
         zoo.shapes_model()
     assert not zoo.shapes_model(weights=False).training  # weights=False needs no file
 
 
 def test_train_command_writes_loadable_weights_and_reports(tmp_path, capsys) -> None:
-    out = tmp_path / "w.pt"
+    out = tmp_path / "w.safetensors"
     args = ["--epochs", "1", "--per-epoch", "32", "--fresh", "20"]
-    assert zoo.main(["train", "--out", str(out), *args]) == 0
+    assert zoo.main(["--out", str(out), *args]) == 0
     printed = capsys.readouterr().out
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {sha}" in printed and "accuracy on a fresh split (20 images, seed 0):" in printed
-    # seeded, and the bytes do not depend on the file's name (torch.save would put the name in the archive)
-    again = tmp_path / "sub" / "other_name.pt"
-    assert zoo.main(["train", "--out", str(again), *args]) == 0
+    # seeded, and the bytes do not depend on the file's name
+    again = tmp_path / "sub" / "other_name.safetensors"
+    assert zoo.main(["--out", str(again), *args]) == 0
     assert again.read_bytes() == out.read_bytes()
-    state = torch.load(out, weights_only=True)
+    state = safetensors.torch.load_file(out)
     assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float16}
     zoo.ShapesCNN().load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+
+
+def test_shipped_weights_are_safetensors_read_without_unpickling(monkeypatch) -> None:
+    data = zoo.WEIGHTS_FILE.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")  # safetensors: a little-endian u64, then a JSON header
+    header = json.loads(data[8 : 8 + header_len])
+    assert header["head.weight"]["dtype"] == "F16" and header["head.weight"]["shape"] == [len(zoo.CLASSES), 96]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the shipped weights must load without pickle")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    model = zoo.shapes_model()
+    assert torch.equal(model.head.weight, safetensors.torch.load(data)["head.weight"].float())

@@ -127,3 +127,30 @@ def _explain_dataset(args: argparse.Namespace) -> int:
         f"{len(store.manifest['shards'])} shards in {Path(args.out).resolve()}"
     )
     return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add this command to the ``hookviz`` subcommands `sub` (its options, help, and the function that runs it)."""
+    ds = sub.add_parser(
+        "explain-dataset",
+        help="explain a whole data set (a folder of images or shapes:N) into resumable shards",
+        description=EXPLAIN_DATASET_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ds.add_argument("--data", required=True, metavar="DIR | shapes:N", help="the images (see 'data' above)")
+    ds.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and manifest.json")
+    ds.add_argument("--method", required=True, metavar="M", help="one attribution method, e.g. gradcam")
+    ds.add_argument("--model", default=None, metavar="torchvision:NAME[:WEIGHTS] | PATH.pt", help="as in explain")
+    ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")
+    ds.add_argument("--trust-pickle", action="store_true", help="as in explain: full unpickling of --model PATH.pt")
+    ds.add_argument("--target", default=None, metavar="T", help="a class index, 'label' or 'top' (default: top)")
+    ds.add_argument("--size", type=int, default=None, metavar="S", help="image size for a folder (default: 224)")
+    ds.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: %(default)s)")
+    ds.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers (default: 0)")
+    ds.add_argument("--shard-size", type=int, default=1024, metavar="S", help="items per shard (default: 1024)")
+    ds.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16", help="of the maps")
+    ds.add_argument("--seed", type=int, default=0, help="seed of the shapes data set (default: 0)")
+    ds.add_argument("--overwrite", action="store_true", help="delete a run found in --out and start again")
+    ds.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ds.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    ds.set_defaults(run=_explain_dataset)

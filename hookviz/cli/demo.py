@@ -28,7 +28,8 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 
 def _demo(args: argparse.Namespace) -> int:
     from .. import GradCAM, GuidedBackprop, GuidedGradCAM
-    from ..figures import SAVE_FORMATS, grid, save_figure
+    from .._formats import SAVE_FORMATS
+    from ..figures import grid, save_figure
     from ..images import Preset
     from ..methods import get_method
     from ..metrics import pointing_game
@@ -95,3 +96,29 @@ def _demo(args: argparse.Namespace) -> int:
         hits = pointing_game(get_method(name)(model).attribute(x, y), masks)
         print(f"pointing game ({n} images): {name} {hits.nanmean().item():.2f}")
     return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add this command to the ``hookviz`` subcommands `sub` (its options, help, and the function that runs it)."""
+    demo = sub.add_parser(
+        "demo",
+        help="explain fresh shapes images with the embedded trained model, write a PNG figure and print how often "
+        "each method points at the object",
+        description="Explain four fresh images of hookviz's synthetic shapes data set with Guided Backprop, Grad-CAM "
+        "and Guided Grad-CAM on the embedded shapes CNN (trained on that data set, 8 classes; nothing is downloaded), "
+        "write the figure and print each method's pointing game (how often the map's maximum lies on the object).",
+    )
+    demo.add_argument("--out", default="hookviz-demo.png", help="where to write the figure (default: %(default)s)")
+    demo.add_argument(
+        "--image", default=None, help="an image file to explain with the shapes model (resized to 64x64) instead"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of the shapes images (default: %(default)s)")
+    demo.add_argument("--dpi", type=int, default=120, help="figure resolution (default: %(default)s)")
+    demo.add_argument(
+        "--pointing-images",
+        type=int,
+        default=200,
+        metavar="N",
+        help="fresh shapes images the pointing game is played on (default: %(default)s)",
+    )
+    demo.set_defaults(run=_demo)

@@ -65,17 +65,46 @@ def _parse_data(spec: str) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    import dataclasses
-    import inspect
     import warnings
 
-    from ..figures import SAVE_FORMATS
-    from ..methods import get_method
-    from ..metrics import Evaluation, SanityReport, evaluate, sanity_check
-    from ..zoo import shapes, shapes_model
+    from ..metrics import evaluate
+    from ..zoo import shapes
 
     names = _parse_methods(args.methods, "--methods")
     n = _parse_data(args.data)
+    _check_args(args)
+    device = _parse_device(args.device)
+    data = shapes(n, seed=args.seed)
+    model, described = _model(args, data.images.shape[-1])
+    model = model.to(device).eval()
+    torch.manual_seed(args.seed)  # SmoothGrad's noise: the same table from the same command
+    methods = _methods(names, model, args.batch_size)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = evaluate(
+            methods,
+            model,
+            data,
+            target=args.target,
+            steps=args.steps,
+            tolerance=args.tolerance,
+            sanity_n=0,  # below, so that the curves can be drawn as well
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=sys.stderr.isatty(),
+        )
+        if args.sanity_n > 0:
+            result = _with_sanity(result, args, names, methods, model, data, device, described)
+    if caught:
+        print(f"note: {len(caught)} warning(s) during the evaluation; the first: {caught[0].message}", file=sys.stderr)
+    _print_table(result, args, n, described)
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The numeric options and --sanity-figure checked before any work."""
+    from .._formats import SAVE_FORMATS
+
     for flag, value, low in (
         ("--steps", args.steps, 1),
         ("--sanity-n", args.sanity_n, 0),
@@ -95,9 +124,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             )
         if args.sanity_n == 0:
             raise UsageError("--sanity-figure needs --sanity-n >= 1 images")
-    device = _parse_device(args.device)
 
-    data = shapes(n, seed=args.seed)
+
+def _model(args: argparse.Namespace, size: int) -> tuple[nn.Module, str]:
+    """The model --model names (normalising [0, 1] images as --normalize says), and how the caption names it."""
+    from ..zoo import shapes_model
+
     if args.model == "shapes":
         if args.weights is not None:
             raise UsageError("--weights applies to --model torchvision:NAME; the shapes model carries its own weights")
@@ -107,7 +139,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             mean, std = IMAGENET_MEAN, IMAGENET_STD
         described = "the embedded shapes CNN"
     else:
-        args.size = data.images.shape[-1]
+        args.size = size
         model, preprocess, _, note = _load_model(args)
         if note.startswith("note:"):
             print(note, file=sys.stderr)
@@ -117,80 +149,93 @@ def _evaluate(args: argparse.Namespace) -> int:
         described = args.model
     if mean is not None and std is not None:
         model = _Normalized(model, mean, std)
-    model = model.to(device).eval()
+    return model, described
 
-    torch.manual_seed(args.seed)  # SmoothGrad's noise: the same table from the same command
+
+def _methods(names: list[str], model: nn.Module, batch_size: int) -> list[Any]:
+    """The methods built on `model`; those that multiply the batch run in chunks of `batch_size` rows."""
+    import inspect
+
+    from ..methods import get_method
+
     methods = []
     for name in names:
         cls = get_method(name)
         # methods that multiply the batch (IG's steps, SmoothGrad's noisy copies, Score-CAM's masks) run in chunks of
         # --batch-size rows too: 64 images x 50 steps in one backward pass would need several GB
         takes_batch = "batch_size" in inspect.signature(cls).parameters
-        methods.append(cls(model, batch_size=args.batch_size) if takes_batch else cls(model))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = evaluate(
-            methods,
-            model,
-            data,
-            target=args.target,
-            steps=args.steps,
-            tolerance=args.tolerance,
-            sanity_n=0,  # below, so that the curves can be drawn as well
-            seed=args.seed,
-            batch_size=args.batch_size,
-            progress=sys.stderr.isatty(),
-        )
-        if args.sanity_n > 0:
-            # as evaluate does: the same method instances, the first sanity_n images, the same targets
-            k = min(args.sanity_n, n)
-            x = data.images[:k].to(device)
-            if args.target == "label":
-                t = data.labels[:k].to(device)
-            else:
-                with torch.no_grad():
-                    t = model(x).argmax(dim=1)
-            reports = [
-                dataclasses.replace(sanity_check(m, x, t, seed=args.seed), method=name)
-                for name, m in zip(names, methods, strict=True)
-            ]
-            final = torch.stack([r.final.nanmean() for r in reports])
-            result = Evaluation(
-                result.methods,
-                [*result.metrics, "sanity ρ"],
-                torch.cat([result.table, final[:, None]], dim=1),
-                {
-                    name: {**result.scores[name], "sanity ρ": r.final}
-                    for name, r in zip(result.methods, reports, strict=True)
-                },
-                n=result.n,
-                steps=result.steps,
-            )
-            if args.sanity_figure is not None:
-                import matplotlib as mpl
-                from cycler import cycler
-                from matplotlib.figure import Figure
+        methods.append(cls(model, batch_size=batch_size) if takes_batch else cls(model))
+    return methods
 
-                from ..figures import save_figure
 
-                ax = Figure(figsize=(9.0, 4.4)).subplots()
-                # up to 20 methods with their own colour; line styles keep coinciding curves apart
-                colours = mpl.colormaps["tab20"].colors
-                styles = ["-", "--", "-.", ":"]
-                ax.set_prop_cycle(
-                    cycler(color=[colours[(2 * i) % 20 + (2 * i) // 20 % 2] for i in range(len(reports))])
-                    + cycler(linestyle=[styles[i % 4] for i in range(len(reports))])
-                )
-                fig = SanityReport.plot_many(reports, ax, band=False)
-                ax.set_title(f"sanity check (model randomisation): {described}, {k} shapes images", fontsize=10)
-                ax.set_ylim(min(-0.3, float(torch.stack([r.mean for r in reports]).nan_to_num(0).min()) - 0.05), 1.05)
-                ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-                fig.tight_layout()
-                path = save_figure(fig, args.sanity_figure)
-                print(f"wrote {path.resolve()}", file=sys.stderr)
-    if caught:
-        print(f"note: {len(caught)} warning(s) during the evaluation; the first: {caught[0].message}", file=sys.stderr)
+def _with_sanity(
+    result: Any,
+    args: argparse.Namespace,
+    names: list[str],
+    methods: list[Any],
+    model: nn.Module,
+    data: Any,
+    device: torch.device,
+    described: str,
+) -> Any:
+    """`result` with the sanity-check column (and its figure when --sanity-figure): as `evaluate` computes it, the
+    same method instances, the first --sanity-n images and the same targets."""
+    import dataclasses
 
+    from ..metrics import Evaluation, sanity_check
+
+    k = min(args.sanity_n, len(data))
+    x = data.images[:k].to(device)
+    if args.target == "label":
+        t = data.labels[:k].to(device)
+    else:
+        with torch.no_grad():
+            t = model(x).argmax(dim=1)
+    reports = [
+        dataclasses.replace(sanity_check(m, x, t, seed=args.seed), method=name)
+        for name, m in zip(names, methods, strict=True)
+    ]
+    final = torch.stack([r.final.nanmean() for r in reports])
+    if args.sanity_figure is not None:
+        _sanity_figure(reports, args.sanity_figure, f"{described}, {k} shapes images")
+    return Evaluation(
+        result.methods,
+        [*result.metrics, "sanity ρ"],
+        torch.cat([result.table, final[:, None]], dim=1),
+        {name: {**result.scores[name], "sanity ρ": r.final} for name, r in zip(result.methods, reports, strict=True)},
+        n=result.n,
+        steps=result.steps,
+    )
+
+
+def _sanity_figure(reports: list[Any], out: str, what: str) -> None:
+    """The sanity-check curves of every method in one figure, written to `out`."""
+    import matplotlib as mpl
+    from cycler import cycler
+    from matplotlib.figure import Figure
+
+    from ..figures import save_figure
+    from ..metrics import SanityReport
+
+    ax = Figure(figsize=(9.0, 4.4)).subplots()
+    # up to 20 methods with their own colour; line styles keep coinciding curves apart
+    colours = mpl.colormaps["tab20"].colors
+    styles = ["-", "--", "-.", ":"]
+    ax.set_prop_cycle(
+        cycler(color=[colours[(2 * i) % 20 + (2 * i) // 20 % 2] for i in range(len(reports))])
+        + cycler(linestyle=[styles[i % 4] for i in range(len(reports))])
+    )
+    fig = SanityReport.plot_many(reports, ax, band=False)
+    ax.set_title(f"sanity check (model randomisation): {what}", fontsize=10)
+    ax.set_ylim(min(-0.3, float(torch.stack([r.mean for r in reports]).nan_to_num(0).min()) - 0.05), 1.05)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    path = save_figure(fig, out)
+    print(f"wrote {path.resolve()}", file=sys.stderr)
+
+
+def _print_table(result: Any, args: argparse.Namespace, n: int, described: str) -> None:
+    """The markdown table and its caption on stdout (and in --out)."""
     table = result.to_markdown()
     k = min(args.sanity_n, n)
     sanity = f", sanity check on {k} image{'s' if k > 1 else ''} (cascading randomisation)" if k else ""
@@ -208,4 +253,72 @@ def _evaluate(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
         print(f"wrote {out.resolve()}", file=sys.stderr)
-    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add this command to the ``hookviz`` subcommands `sub` (its options, help, and the function that runs it)."""
+    ev = sub.add_parser(
+        "evaluate",
+        help="a methods x metrics table (pointing game, energy in mask, deletion, insertion, sanity check) on fresh "
+        "shapes images",
+        description=EVALUATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument(
+        "--model",
+        default="shapes",
+        metavar="shapes | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        help="the model (default: %(default)s, the embedded trained CNN); PATH.pt is unpickled: only load files you "
+        "trust",
+    )
+    ev.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as for hookviz explain")
+    ev.add_argument(
+        "--methods", default=EVALUATE_METHODS, metavar="M[,M...]", help="attribution methods (default: all)"
+    )
+    ev.add_argument("--data", default="shapes:500", metavar="shapes:N", help="the images (default: %(default)s)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the images and the randomisation (default: 0)")
+    ev.add_argument("--steps", type=int, default=50, help="deletion and insertion steps (default: %(default)s)")
+    ev.add_argument(
+        "--sanity-n",
+        type=int,
+        default=8,
+        metavar="N",
+        help="images for the sanity check, 0 leaves it out (default: %(default)s)",
+    )
+    ev.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="PX",
+        help="pointing game: a hit within this many pixels of the object (default: 0, on the object)",
+    )
+    ev.add_argument(
+        "--target",
+        choices=("label", "predicted"),
+        default="label",
+        help="explain the true class (default) or the model's top class",
+    )
+    ev.add_argument(
+        "--normalize",
+        choices=("imagenet", "none"),
+        default=None,
+        help="normalise the [0, 1] images before the model (default: none for shapes, else as hookviz explain)",
+    )
+    ev.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        metavar="B",
+        help="images (or IG steps, SmoothGrad copies, Score-CAM masks) per pass (default: %(default)s)",
+    )
+    ev.add_argument("--out", default=None, metavar="TABLE.md", help="also write the table there")
+    ev.add_argument(
+        "--sanity-figure", default=None, metavar="FIG", help="also draw the sanity-check curves there (.png, .pdf)"
+    )
+    ev.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="as for hookviz explain: unpickle a whole-model PATH.pt (runs code from the file: only files you trust)",
+    )
+    ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    ev.set_defaults(run=_evaluate)

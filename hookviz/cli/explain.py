@@ -72,7 +72,8 @@ def _read_labels(path: str) -> list[str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ..figures import SAVE_FORMATS, grid, save_figure
+    from .._formats import SAVE_FORMATS
+    from ..figures import grid, save_figure
 
     methods = _parse_methods(args.method)
     target_ids = _parse_target(args.target)
@@ -120,3 +121,67 @@ def _explain(args: argparse.Namespace) -> int:
     path = save_figure(fig, out)
     print(f"wrote {path.resolve()}")
     return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add this command to the ``hookviz`` subcommands `sub` (its options, help, and the function that runs it)."""
+    ex = sub.add_parser(
+        "explain",
+        help="explain image files with one or more methods and write a grid figure (.pdf, .svg, .png)",
+        description=EXPLAIN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ex.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one row each")
+    ex.add_argument(
+        "--model",
+        required=True,
+        metavar="torchvision:NAME[:WEIGHTS] | PATH.pt",
+        help="the model (see 'models' above); PATH.pt loads with torch.load(weights_only=True) unless --trust-pickle",
+    )
+    ex.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle --model PATH.pt fully (weights_only=False) for models of your own classes: this can execute "
+        "arbitrary code from the file, so only for files you trust",
+    )
+    ex.add_argument(
+        "--method",
+        required=True,
+        metavar="M[,M...]",
+        help="attribution methods, comma-separated, one column each (e.g. guided-backprop,gradcam)",
+    )
+    ex.add_argument(
+        "--target",
+        default=None,
+        metavar="T[,T...]",
+        help="class index for every image, or comma-separated indices (with one method: a column per target); "
+        "default: each image's top class",
+    )
+    ex.add_argument("--out", default="hookviz-explain.png", metavar="FIG", help="figure file (default: %(default)s)")
+    ex.add_argument(
+        "--weights",
+        default=None,
+        metavar="PATH_OR_ENUM_NAME",
+        help="for torchvision:NAME: a local state_dict file, or a weights enum member such as IMAGENET1K_V1",
+    )
+    ex.add_argument(
+        "--size", type=int, default=None, metavar="S", help="input size in pixels (default: 224, or the weights')"
+    )
+    ex.add_argument("--labels", default=None, metavar="FILE", help="class names, one per line (row/column labels)")
+    ex.add_argument("--dpi", type=float, default=300, metavar="D", help="figure resolution (default: %(default)s)")
+    ex.add_argument(
+        "--scale",
+        choices=("column", "sample", "shared"),
+        default="column",
+        help="one colour scale per column across images (default), per map, or for the whole figure",
+    )
+    ex.add_argument("--colorbar", action="store_true", help="a colour bar under each column")
+    ex.add_argument(
+        "--overlay",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="draw maps over the images: auto = as each method shows best (Grad-CAM family over the image)",
+    )
+    ex.add_argument("--title", default=None, help="a figure title")
+    ex.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    ex.set_defaults(run=_explain)

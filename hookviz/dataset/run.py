@@ -26,8 +26,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data import default_collate as _default_collate
 
+from .._checks import int_option
+from .._progress import progress_bar
 from ..inputs import model_device
 from ..methods.base import Attribution
+from ..targets import Targets
 from . import store as _store
 from .distributed import World, current_world, process_group
 from .store import DTYPES, MANIFEST, ExplanationStore
@@ -147,10 +150,8 @@ def _source(data: Any, batch_size: int, num_workers: int, needs_labels: bool) ->
             f"data must be a map-style Dataset (with __len__ and __getitem__) or a DataLoader over one, got "
             f"{type(dataset).__name__}; shards are resumed by item index, which an IterableDataset does not have"
         )
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+    int_option("batch_size", batch_size, "an int >= 1")
+    int_option("num_workers", num_workers, "an int >= 0", minimum=0)
     if len(dataset) == 0:
         raise ValueError("data holds no items (len(data) == 0)")
     first = dataset[0]
@@ -214,6 +215,28 @@ class _Shard:
     maps: Tensor
     targets: Tensor
     scores: Tensor
+
+    @classmethod
+    def empty(cls, index: int, lo: int, hi: int, shape: list[int], k: int, dtype: torch.dtype) -> _Shard:
+        """The host buffers of shard `index` (items ``[lo, hi)``, maps of `shape` in `dtype`, K targets)."""
+        return cls(
+            index,
+            lo,
+            hi,
+            torch.empty((hi - lo, *shape), dtype=dtype),
+            torch.empty((hi - lo, k), dtype=torch.long),
+            torch.empty((hi - lo, k), dtype=torch.float32),
+        )
+
+    def put(self, a: int, b: int, attribution: Tensor, targets: Targets) -> None:
+        """Items ``a..b-1``'s results copied in: the one host synchronisation per batch."""
+        rows = slice(a - self.start, b - self.start)
+        self.maps[rows].copy_(attribution.detach().to(self.maps.dtype))
+        self.scores[rows].copy_(targets.scores.detach())
+        if targets.indices is None:
+            self.targets[rows].fill_(-1)  # a callable target has no class
+        else:
+            self.targets[rows].copy_(targets.indices)
 
 
 class _Writer(threading.Thread):
@@ -359,7 +382,7 @@ def explain_dataset(
             options, target spec, dtype, item count or shard size is refused with the mismatch named. With
             ``resume=False`` an existing run is refused too.
         overwrite: delete the run found in `out` (only its own files) and start again.
-        progress: a tqdm bar with images/s (when tqdm is installed; rank 0 only).
+        progress: a tqdm bar with images/s (rank 0 only).
         forward_kwargs: keyword arguments of the model's ``forward`` (e.g. ``{"attention_mask": masks}``): tensors
             with one row per data set item (first dimension ``len(data)``) are sliced to each batch's items, in data
             set order; anything else is passed to every batch as it is (see `Attribution.attribute`).
@@ -382,78 +405,96 @@ def explain_dataset(
         )
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
-    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
-        raise ValueError(f"shard_size must be an int >= 1, got {shard_size!r}")
+    int_option("shard_size", shard_size, "an int >= 1")
     spec = _target_spec(target)
     src = _source(data, batch_size, num_workers, needs_labels=spec["kind"] == "label")
     _check_dataset_kwargs(forward_kwargs, len(src.dataset))
-    out = _check_out(out)
+    job = _Job(method, src, spec, target, _check_out(out), len(src.dataset), shard_size, dtype, forward_kwargs)
     world = current_world()
-    n = len(src.dataset)
-    num_shards = -(-n // shard_size)
-    header: dict[str, Any] = {
-        "format": _store.FORMAT,
-        "format_version": _store.FORMAT_VERSION,
-        "complete": False,
-        "method": {"name": type(method).__name__, "key": getattr(method, "key", "")},
-        "options": _method_options(method),
-        "model": model_fingerprint(method.model),
-        "target": spec,
-        "dtype": dtype,
-        "items": n,
-        "shard_size": shard_size,
-        "num_shards": num_shards,
-        "batch_size": src.batch_size,
-        "item_shape": list(src.item_shape),
-        "versions": {"hookviz": _hookviz_version(), "torch": torch.__version__},
-        "world_size": world.size,
-    }
-    stored, _ = _stored_records(out)
+    header = _header(job, world)
+    stored, _ = _stored_records(job.out)
     if stored is not None and not overwrite:
         if not resume:
             raise ValueError(
-                f"out={str(out)!r} already holds a hookviz run; pass resume=True to continue it or overwrite=True "
-                "to start again"
+                f"out={str(job.out)!r} already holds a hookviz run; pass resume=True to continue it or "
+                "overwrite=True to start again"
             )
-        _mismatch(stored, header, out)
+        _mismatch(stored, header, job.out)
     with process_group(world):
-        if overwrite and world.rank == 0:
-            _remove_run(out)
-        world.barrier()
-        mine = world.shards(num_shards)
-        _, records = _stored_records(out)
-        done = [records[i] for i in mine if i in records and _shard_ok(out, records[i])]
-        if stored is not None and stored.get("map_shape") is not None:
-            header["map_shape"] = stored["map_shape"]
-        for i in mine:  # temporaries of this rank's shards, left by a killed run
-            (out / _store.tmp_name(_store.shard_name(i))).unlink(missing_ok=True)
-        manifest_path = out / (MANIFEST if not world.distributed else _store.rank_manifest_name(world.rank))
-        manifest_path.with_name(_store.tmp_name(manifest_path.name)).unlink(missing_ok=True)
-        manifest = {**header, "shards": done}
-        _store.atomic_write(manifest_path, _store.manifest_bytes(manifest))
-        todo = [i for i in mine if i not in {r["index"] for r in done}]
-        with _on_rank_device(method.model, world) as device:
-            map_shape = _compute(
-                method,
-                src,
-                spec,
-                target,
-                todo,
-                n,
-                shard_size,
-                dtype,
-                device,
-                out,
-                manifest_path,
-                manifest,
-                progress and world.rank == 0,
-                forward_kwargs,
-            )
-        world.barrier()
-        if world.rank == 0:
-            _finish(out, header, num_shards, map_shape)
-        world.barrier()
-    return ExplanationStore(out)
+        _run_shards(job, header, stored, world, overwrite, progress)
+    return ExplanationStore(job.out)
+
+
+@dataclass
+class _Job:
+    """One `explain_dataset` run: what is explained (method, items, targets) and how it is stored."""
+
+    method: Attribution
+    src: _Source
+    spec: dict[str, Any]
+    target: Any
+    out: Path
+    n: int  # items
+    shard_size: int
+    dtype: str
+    forward_kwargs: dict[str, Any] | None = None  # keyword arguments of forward, per-item tensors sliced
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.n // self.shard_size)
+
+    def shard_rows(self, s: int) -> tuple[int, int]:
+        """Items ``[lo, hi)`` of shard `s`."""
+        return s * self.shard_size, min(self.n, (s + 1) * self.shard_size)
+
+
+def _header(job: _Job, world: World) -> dict[str, Any]:
+    """The manifest's description of the run, which a resumed run must match."""
+    return {
+        "format": _store.FORMAT,
+        "format_version": _store.FORMAT_VERSION,
+        "complete": False,
+        "method": {"name": type(job.method).__name__, "key": getattr(job.method, "key", "")},
+        "options": _method_options(job.method),
+        "model": model_fingerprint(job.method.model),
+        "target": job.spec,
+        "dtype": job.dtype,
+        "items": job.n,
+        "shard_size": job.shard_size,
+        "num_shards": job.num_shards,
+        "batch_size": job.src.batch_size,
+        "item_shape": list(job.src.item_shape),
+        "versions": {"hookviz": _hookviz_version(), "torch": torch.__version__},
+        "world_size": world.size,
+    }
+
+
+def _run_shards(
+    job: _Job, header: dict[str, Any], stored: dict[str, Any] | None, world: World, overwrite: bool, progress: bool
+) -> None:
+    """This rank's shards computed (those not already done), then the final manifest written by rank 0."""
+    out = job.out
+    if overwrite and world.rank == 0:
+        _remove_run(out)
+    world.barrier()
+    mine = world.shards(job.num_shards)
+    _, records = _stored_records(out)
+    done = [records[i] for i in mine if i in records and _shard_ok(out, records[i])]
+    if stored is not None and stored.get("map_shape") is not None:
+        header["map_shape"] = stored["map_shape"]
+    for i in mine:  # temporaries of this rank's shards, left by a killed run
+        (out / _store.tmp_name(_store.shard_name(i))).unlink(missing_ok=True)
+    manifest_path = out / (MANIFEST if not world.distributed else _store.rank_manifest_name(world.rank))
+    manifest_path.with_name(_store.tmp_name(manifest_path.name)).unlink(missing_ok=True)
+    manifest = {**header, "shards": done}
+    _store.atomic_write(manifest_path, _store.manifest_bytes(manifest))
+    todo = [i for i in mine if i not in {r["index"] for r in done}]
+    with _on_rank_device(job.method.model, world) as device:
+        map_shape = _compute(job, todo, device, manifest_path, manifest, progress and world.rank == 0)
+    world.barrier()
+    if world.rank == 0:
+        _finish(out, header, job.num_shards, map_shape)
+    world.barrier()
 
 
 def _shard_ok(out: Path, record: Mapping[str, Any]) -> bool:
@@ -488,26 +529,19 @@ def _batches(todo: Sequence[int], n: int, shard_size: int, batch_size: int) -> l
 
 
 def _compute(
-    method: Attribution,
-    src: _Source,
-    spec: dict[str, Any],
-    target: Any,
+    job: _Job,
     todo: list[int],
-    n: int,
-    shard_size: int,
-    dtype: str,
     device: torch.device,
-    out: Path,
     manifest_path: Path,
     manifest: dict[str, Any],
     progress: bool,
-    forward_kwargs: dict[str, Any] | None = None,
 ) -> list[int] | None:
     """Compute the shards in `todo` and hand each to the writer thread; returns the map shape (None if no work)."""
     map_shape: list[int] | None = manifest.get("map_shape")
     if not todo:
         return map_shape
-    plan = _batches(todo, n, shard_size, src.batch_size)
+    src = job.src
+    plan = _batches(todo, job.n, job.shard_size, src.batch_size)
     loader = DataLoader(
         src.dataset,
         batch_sampler=[list(range(a, b)) for _, a, b in plan],
@@ -515,33 +549,21 @@ def _compute(
         collate_fn=src.collate,
         pin_memory=device.type == "cuda",
     )
-    store_dtype = DTYPES[dtype]
-    writer = _Writer(out, manifest_path, manifest)
+    writer = _Writer(job.out, manifest_path, manifest)
     writer.start()
-    bar = _progress_bar(sum(b - a for _, a, b in plan), progress)
+    bar = progress_bar(
+        total=sum(b - a for _, a, b in plan), enabled=progress, unit="img", desc="explain_dataset", dynamic_ncols=True
+    )
     buf: _Shard | None = None
     try:
         batches = iter(loader)
         for s, a, b in plan:
-            try:
-                batch = next(batches)
-            except RuntimeError as exc:
-                if "stack expects each tensor to be equal size" in str(exc):
-                    raise ValueError(
-                        f"data items {a}..{b - 1} have different shapes and cannot be batched; resize them to one "
-                        f"size (e.g. transforms.Resize + CenterCrop); item 0 has shape {src.item_shape}"
-                    ) from None
-                raise
-            x, labels = (batch, None) if isinstance(batch, Tensor) else (batch[0], batch[1] if src.labelled else None)
-            if tuple(x.shape[1:]) != src.item_shape:
-                raise ValueError(
-                    f"data items {a}..{b - 1} have shape {tuple(x.shape[1:])}, item 0 has {src.item_shape}; every "
-                    "item must have the same shape (resize them to one size)"
-                )
-            x = x.to(device, non_blocking=True)
-            tgt = _labels(labels, a, b) if spec["kind"] == "label" else target
-            kwargs = _batch_kwargs(forward_kwargs, a, b, len(src.dataset))
-            attribution, targets = method.attribute_with_targets(x, tgt, forward_kwargs=kwargs)
+            x, labels = _next_batch(batches, src, a, b)
+            tgt = _labels(labels, a, b) if job.spec["kind"] == "label" else job.target
+            kwargs = _batch_kwargs(job.forward_kwargs, a, b, job.n)
+            attribution, targets = job.method.attribute_with_targets(
+                x.to(device, non_blocking=True), tgt, forward_kwargs=kwargs
+            )
             shape = list(attribution.shape[1:])
             if map_shape is None:
                 map_shape = shape
@@ -549,35 +571,37 @@ def _compute(
             elif shape != map_shape:
                 raise ValueError(f"maps of items {a}..{b - 1} have shape {shape}, the stored ones have {map_shape}")
             if buf is None or buf.index != s:
-                lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
-                k = targets.scores.shape[1]
-                buf = _Shard(
-                    s,
-                    lo,
-                    hi,
-                    torch.empty((hi - lo, *shape), dtype=store_dtype),
-                    torch.empty((hi - lo, k), dtype=torch.long),
-                    torch.empty((hi - lo, k), dtype=torch.float32),
-                )
-            rows = slice(a - buf.start, b - buf.start)
-            # the one host synchronisation per batch: the results' copy into the shard's host buffer
-            buf.maps[rows].copy_(attribution.detach().to(store_dtype))
-            buf.scores[rows].copy_(targets.scores.detach())
-            if targets.indices is None:
-                buf.targets[rows].fill_(-1)
-            else:
-                buf.targets[rows].copy_(targets.indices)
+                buf = _Shard.empty(s, *job.shard_rows(s), shape, targets.scores.shape[1], DTYPES[job.dtype])
+            buf.put(a, b, attribution, targets)
             if b == buf.stop:
                 writer.submit(buf)
                 buf = None
-            if bar is not None:
-                bar.update(b - a)
+            bar.update(b - a)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         writer.close()  # the shards finished so far are saved, also when the loop was interrupted
     writer.raise_error()
     return map_shape
+
+
+def _next_batch(batches: Iterator[Any], src: _Source, a: int, b: int) -> tuple[Tensor, Any]:
+    """The next batch (items ``a..b-1``) as (images, labels or None), with a clear error for items of mixed shapes."""
+    try:
+        batch = next(batches)
+    except RuntimeError as exc:
+        if "stack expects each tensor to be equal size" in str(exc):
+            raise ValueError(
+                f"data items {a}..{b - 1} have different shapes and cannot be batched; resize them to one "
+                f"size (e.g. transforms.Resize + CenterCrop); item 0 has shape {src.item_shape}"
+            ) from None
+        raise
+    x, labels = (batch, None) if isinstance(batch, Tensor) else (batch[0], batch[1] if src.labelled else None)
+    if tuple(x.shape[1:]) != src.item_shape:
+        raise ValueError(
+            f"data items {a}..{b - 1} have shape {tuple(x.shape[1:])}, item 0 has {src.item_shape}; every "
+            "item must have the same shape (resize them to one size)"
+        )
+    return x, labels
 
 
 def _labels(labels: Any, a: int, b: int) -> Tensor:
@@ -585,13 +609,3 @@ def _labels(labels: Any, a: int, b: int) -> Tensor:
         got = f"a tensor of {labels.dtype} {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels)
         raise TypeError(f"target='label' needs integer class labels; items {a}..{b - 1} have labels of {got}")
     return labels
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is a dependency, but a stripped environment may lack it: no bar then
-        return None
-    return tqdm(total=total, unit="img", desc="explain_dataset", dynamic_ncols=True)

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from .layout import _MISSING, _Chunk, _Layout
+from .layout import _MISSING, L2, _Chunk, _Layout
 from .locate import _culprit, _kind_of
 from .watch import _Watched
 
@@ -130,7 +130,7 @@ class _AlarmChecker:
         """Check a chunk's rows in step order; alarms are emitted in row, then model order."""
         layout = chunk.layout
         data = chunk.data
-        l2 = data[:, layout.block(0)]
+        l2 = data[:, layout.block(L2)]
         present = l2 != _MISSING
         modules = [m for m in self.w.module_names if m in self.w.params_of]
         norms = _module_norms(l2, present, [self.w.params_of[m] for m in modules])
@@ -156,7 +156,7 @@ class _AlarmChecker:
             self._emit(alarm, on_alarm)
 
     def _nonfinite_row(self, layout: _Layout, row: np.ndarray, present: np.ndarray) -> bool:
-        if not np.isfinite(row[layout.block(0)][present]).all():
+        if not np.isfinite(row[layout.block(L2)][present]).all():
             return True
         if self.scaler is not None and self.scaler.is_enabled():
             return False  # overflowing output gradients are the scaler's business; parameter gradients decide

@@ -9,26 +9,24 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
+from .data import FlowData
 from .kernels import _dense
 from .layout import _MODULE_STATS, _PARAM_STATS
 from .locate import _finite
 
-if TYPE_CHECKING:
-    from .stats import FlowStats
 
-
-def records(stats: FlowStats) -> Iterable[tuple[int, str, str, str, float]]:
+def records(stats: FlowData) -> Iterable[tuple[int, str, str, str, float]]:
     """`FlowStats.records`: row by row."""
     for r in range(len(stats.steps)):
         yield from row_records(stats, r)
 
 
-def row_records(stats: FlowStats, r: int) -> Iterable[tuple[int, str, str, str, float]]:
+def row_records(stats: FlowData, r: int) -> Iterable[tuple[int, str, str, str, float]]:
     step = int(stats.steps[r])
     for stat in _PARAM_STATS:
         values, has = stats.param_stats[stat][r], stats.param_present[stat][r]
@@ -42,7 +40,7 @@ def row_records(stats: FlowStats, r: int) -> Iterable[tuple[int, str, str, str, 
                 yield step, "module", name, stat, float(values[j])
 
 
-def to_csv(stats: FlowStats, path: str | os.PathLike[str]) -> Path:
+def to_csv(stats: FlowData, path: str | os.PathLike[str]) -> Path:
     """`FlowStats.to_csv`."""
     path = Path(path)
     with path.open("w", newline="") as f:
@@ -53,7 +51,7 @@ def to_csv(stats: FlowStats, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def to_dict(stats: FlowStats) -> dict[str, Any]:
+def to_dict(stats: FlowData) -> dict[str, Any]:
     """`FlowStats.to_dict`."""
 
     def clean(values: np.ndarray, has: np.ndarray) -> list[Any]:
@@ -80,7 +78,7 @@ def to_dict(stats: FlowStats) -> dict[str, Any]:
     }
 
 
-def to_json(stats: FlowStats, path: str | os.PathLike[str]) -> Path:
+def to_json(stats: FlowData, path: str | os.PathLike[str]) -> Path:
     """`FlowStats.to_json`."""
     path = Path(path)
     path.write_text(json.dumps(to_dict(stats), allow_nan=False, indent=1))
@@ -118,7 +116,7 @@ def _summary_writer(writer: Any) -> Any:
 
 def to_tensorboard(
     writer: Any,
-    stats: FlowStats,
+    stats: FlowData,
     step: int | None,
     histograms: bool,
     params: Iterable[tuple[str, Tensor]],

@@ -250,6 +250,7 @@ class _Kernels:
         self.fused_stats = fused_stats
         self.params = params
         self.compile_failed = False
+        self.compile_error: BaseException | None = None
         self.scratch = _Scratch()
         self._wanted: dict[torch.device, bool] = {}
 
@@ -269,12 +270,20 @@ class _Kernels:
         """compute() with compiled kernels; None (and the eager kernels from now on) if compiling fails."""
         try:
             return compute()
+        except torch.OutOfMemoryError:
+            raise  # memory, not the compiler: the eager kernels would need it as well
         except Exception as err:  # no C++ compiler, an unsupported platform: the eager kernels still work
+            # Any other error is a compile failure here: the eager kernels compute the same statistics, so an error
+            # of the statistics themselves raises again from them, with its own traceback.
             self.compile_failed = True
+            self.compile_error = err
             detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            kind = type(err)
+            name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
             warnings.warn(
-                f"GradientFlow: compiling the fused statistics kernels failed ({type(err).__name__}: {detail}); "
-                "using the eager kernels (slower on the CPU). Pass fused_stats=False to skip the attempt.",
+                f"GradientFlow: compiling the fused statistics kernels failed ({name}: {detail}); "
+                "using the eager kernels (slower on the CPU); the full error is in flow._kernels.compile_error. "
+                "Pass fused_stats=False to skip the attempt.",
                 RuntimeWarning,
                 stacklevel=5,
             )

@@ -24,6 +24,13 @@ _PARAM_STATS = ("grad_norm", "grad_mean_abs", "grad_max_abs", "update_ratio")
 _MODULE_STATS = (*_PARAM_STATS, "out_grad_norm", "act_norm", "dead_fraction")
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
+# the blocks of a buffer row: `_Layout.block(i)` holds one value per watched parameter ...
+L2, L1, MAX_ABS, UPDATE_NORM, WEIGHT_NORM = range(5)  # ||g||_2, sum |g|, max |g|, ||w_after - w_before||, ||w||
+PARAM_BLOCKS = 5
+# ... and `_Layout.key_block(i)` one per module call key
+OUT_GRAD_NORM, ACT_NORM, DEAD_FRACTION = range(3)  # ||dL/d output||, ||output||, fraction of dead ReLU units
+KEY_BLOCKS = 3
+
 
 def _base(key: str) -> str:
     """The module name of a call key (``"layer1.relu#1"`` -> ``"layer1.relu"``)."""
@@ -39,13 +46,15 @@ class _Layout:
 
     @property
     def width(self) -> int:
-        return 5 * self.n_params + 3 * len(self.keys)
+        return PARAM_BLOCKS * self.n_params + KEY_BLOCKS * len(self.keys)
 
-    def block(self, i: int) -> slice:  # 0 l2, 1 l1, 2 max, 3 update norm, 4 weight norm
+    def block(self, i: int) -> slice:
+        """Columns of parameter block `i` (`L2`, `L1`, `MAX_ABS`, `UPDATE_NORM`, `WEIGHT_NORM`)."""
         return slice(i * self.n_params, (i + 1) * self.n_params)
 
-    def key_block(self, i: int) -> slice:  # 0 out-grad norm, 1 activation norm, 2 dead fraction
-        start = 5 * self.n_params + i * len(self.keys)
+    def key_block(self, i: int) -> slice:
+        """Columns of module-call block `i` (`OUT_GRAD_NORM`, `ACT_NORM`, `DEAD_FRACTION`)."""
+        start = PARAM_BLOCKS * self.n_params + i * len(self.keys)
         return slice(start, start + len(self.keys))
 
 

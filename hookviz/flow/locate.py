@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .layout import _MISSING, _base, _Chunk
+from .layout import _MISSING, ACT_NORM, L2, OUT_GRAD_NORM, _base, _Chunk
 
 if TYPE_CHECKING:
     from .watch import _Watched
@@ -40,25 +40,25 @@ def _locate_nonfinite(
     """(culprit, explanation, offending values) for a step with non-finite values (see the `hookviz.flow` docs).
 
     `through_params`: modules whose entry in `og` stands for their parameters' gradients (not observed outputs).
-    `transparent`: modules without an `og` entry that cannot create a non-finite gradient: looked through."""
+    `transparent`: modules without an `og` entry that cannot create a non-finite gradient: looked through.
+    A forward NaN poisons everything after it, so the forward order is searched first, then the backward order, then
+    the parameters' gradients."""
+    return (
+        _forward_culprit(forward, act, inputs_of, describe)
+        or _backward_culprit(backward, og, inputs_of, bad_params, describe, through_params, transparent)
+        or _parameter_culprit(bad_params, module_order, describe)
+        or (None, "non-finite statistics that no watched module could be blamed for", [])
+    )
 
-    def sources(key: str) -> list[tuple[str, str | None]]:
-        """(source with an output gradient, the transparent module it was reached through or None)."""
-        found: dict[str, str | None] = {}
-        stack = [(s, None) for s in sorted(inputs_of.get(key, ()))]
-        seen: set[str] = set()
-        while stack:
-            src, via = stack.pop()
-            if src in seen:
-                continue
-            seen.add(src)
-            if src in og:
-                found.setdefault(src, via)
-            elif _base(src) in transparent:
-                stack.extend((s, via or src) for s in sorted(inputs_of.get(src, ())))
-        return sorted(found.items())
 
-    for key in forward:  # a forward NaN poisons everything after it: name where it first appeared
+_Found = tuple[str | None, str, list[float]]
+
+
+def _forward_culprit(
+    forward: Sequence[str], act: dict[str, float], inputs_of: dict[str, set[str]], describe: Callable[[str], str]
+) -> _Found | None:
+    """The first module in forward order whose output is non-finite (where a forward NaN first appeared)."""
+    for key in forward:
         v = act.get(key)
         if v is not None and not _finite(v):
             sources = sorted(inputs_of.get(key, ()))
@@ -76,6 +76,39 @@ def _locate_nonfinite(
                 "module in forward order with a non-finite output",
                 [v],
             )
+    return None
+
+
+def _gradient_sources(
+    key: str, og: dict[str, float], inputs_of: dict[str, set[str]], transparent: frozenset[str]
+) -> list[tuple[str, str | None]]:
+    """(source with an output gradient, the transparent module it was reached through or None) of module `key`."""
+    found: dict[str, str | None] = {}
+    stack: list[tuple[str, str | None]] = [(s, None) for s in sorted(inputs_of.get(key, ()))]
+    seen: set[str] = set()
+    while stack:
+        src, via = stack.pop()
+        if src in seen:
+            continue
+        seen.add(src)
+        if src in og:
+            found.setdefault(src, via)
+        elif _base(src) in transparent:
+            stack.extend((s, via or src) for s in sorted(inputs_of.get(src, ())))
+    return sorted(found.items())
+
+
+def _backward_culprit(
+    backward: Sequence[str],
+    og: dict[str, float],
+    inputs_of: dict[str, set[str]],
+    bad_params: dict[str, list[str]],
+    describe: Callable[[str], str],
+    through_params: frozenset[str],
+    transparent: frozenset[str],
+) -> _Found | None:
+    """The first module in backward order that received a finite gradient and passed back a non-finite one (or
+    that already received a non-finite one)."""
     for key in backward:
         v = og.get(key)
         if v is not None and not _finite(v):
@@ -87,7 +120,7 @@ def _locate_nonfinite(
                 f"between {key!r} and the next watched module)",
                 [v],
             )
-        bad = [(s, via) for s, via in sources(key) if not _finite(og[s])]
+        bad = [(s, via) for s, via in _gradient_sources(key, og, inputs_of, transparent) if not _finite(og[s])]
         bad_inputs = [s for s, _ in bad]
         own = bad_params.get(_base(key), []) if _base(key) == key and key not in through_params else []
         if bad_inputs or own:
@@ -97,23 +130,30 @@ def _locate_nonfinite(
                 where.append(f"to its input from {', '.join(named)}")
             if own:
                 where.append(f"to its parameters {', '.join(repr(p) for p in own)}")
-            values = [og[s] for s in bad_inputs] or [float("nan")]
             return (
                 key,
                 f"first produced in backward order by {describe(key)}: the gradient at its output was finite, the "
                 f"gradient it passed back {' and '.join(where)} was not",
-                values,
+                [og[s] for s in bad_inputs] or [float("nan")],
             )
-    if bad_params:  # no output-gradient evidence: the last owner in model order is the first in backward order
-        ranked = [m for m in module_order if m in bad_params] or list(bad_params)
-        name = ranked[-1]
-        return (
-            name,
-            f"the gradients of the parameters {', '.join(repr(p) for p in bad_params[name])} of {describe(name)} are "
-            "non-finite (no watched module output carried a non-finite gradient)",
-            [float("nan")],
-        )
-    return None, "non-finite statistics that no watched module could be blamed for", []
+    return None
+
+
+def _parameter_culprit(
+    bad_params: dict[str, list[str]], module_order: Sequence[str], describe: Callable[[str], str]
+) -> _Found | None:
+    """Without output-gradient evidence: the last owner of non-finite parameter gradients in model order (the first
+    in backward order)."""
+    if not bad_params:
+        return None
+    ranked = [m for m in module_order if m in bad_params] or list(bad_params)
+    name = ranked[-1]
+    return (
+        name,
+        f"the gradients of the parameters {', '.join(repr(p) for p in bad_params[name])} of {describe(name)} are "
+        "non-finite (no watched module output carried a non-finite gradient)",
+        [float("nan")],
+    )
 
 
 def _culprit(
@@ -122,11 +162,11 @@ def _culprit(
     """`_locate_nonfinite` for row `r` of a chunk: the statistics of the row, with the modules watched through their
     parameters placed in backward order by the learnt module graph."""
     layout, row = chunk.layout, chunk.data[r]
-    og = {k: float(row[layout.key_block(0)][i]) for i, k in enumerate(layout.keys)}
-    act = {k: float(row[layout.key_block(1)][i]) for i, k in enumerate(layout.keys)}
+    og = {k: float(row[layout.key_block(OUT_GRAD_NORM)][i]) for i, k in enumerate(layout.keys)}
+    act = {k: float(row[layout.key_block(ACT_NORM)][i]) for i, k in enumerate(layout.keys)}
     og = {k: v for k, v in og.items() if v != _MISSING}
     act = {k: v for k, v in act.items() if v != _MISSING}
-    l2 = row[layout.block(0)]
+    l2 = row[layout.block(L2)]
     bad_params: dict[str, list[str]] = {}
     for i, v in enumerate(l2.tolist()):
         if v != _MISSING and not _finite(v):

@@ -16,12 +16,25 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .._checks import int_option, is_int
 from ..hooks import HookManager, Selector
 from .alarms import Alarm, Alarms, GradientFlowError, OnAlarm, _AlarmChecker
 from .amp import _param_grads_scaled, _scale
 from .export import _summary_writer, to_tensorboard
 from .kernels import _dense, _Kernels, _norms, _UpdateRatio
-from .layout import _MISSING, _Buffer, _Chunk
+from .layout import (
+    _MISSING,
+    ACT_NORM,
+    DEAD_FRACTION,
+    L1,
+    L2,
+    MAX_ABS,
+    OUT_GRAD_NORM,
+    UPDATE_NORM,
+    WEIGHT_NORM,
+    _Buffer,
+    _Chunk,
+)
 from .observe import _StepObserver
 from .stats import FlowReport, FlowStats, _assemble
 from .watch import _watch
@@ -92,36 +105,9 @@ class GradientFlow:
         keep: int | None = None,
         unit_dim: int = 1,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive int (record every every-th step), got {every!r}")
-        if optimizer is not None and not hasattr(optimizer, "register_step_pre_hook"):
-            raise TypeError(
-                "optimizer must be a torch.optim.Optimizer (with register_step_pre_hook), "
-                f"got {type(optimizer).__name__}"
-            )
-        if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "is_enabled")):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
-        if alarms is True:
-            alarms = Alarms()
-        elif alarms is False:
-            alarms = None
-        if alarms is not None and not isinstance(alarms, Alarms):
-            raise TypeError(f"alarms must be an Alarms, True, False or None, got {type(alarms).__name__}")
-        if not (on_alarm in ("warn", "log", "raise") or callable(on_alarm)):
-            raise ValueError(f"on_alarm must be 'warn', 'log', 'raise' or a callable taking an Alarm, got {on_alarm!r}")
-        if output_stats not in ("parameter-free", "all"):
-            raise ValueError(f"output_stats must be 'parameter-free' or 'all', got {output_stats!r}")
-        if fused_stats not in (None, True, False):
-            raise TypeError(f"fused_stats must be None (automatic), True or False, got {fused_stats!r}")
-        if not isinstance(buffer_steps, int) or buffer_steps < 1:
-            raise ValueError(f"buffer_steps must be a positive int, got {buffer_steps!r}")
-        if keep is not None and (not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep must be a positive int or None (keep every recorded step), got {keep!r}")
-        if not isinstance(unit_dim, int):
-            raise TypeError(f"unit_dim must be an int, got {type(unit_dim).__name__}")
-
+        alarms = _check_arguments(
+            model, every, optimizer, scaler, alarms, on_alarm, output_stats, fused_stats, buffer_steps, keep, unit_dim
+        )
         self.model = model
         self.every = every
         self.optimizer = optimizer
@@ -343,24 +329,26 @@ class GradientFlow:
                 else:
                     stats = [_norms([_dense(g) for g in grads], dev)]  # type: ignore[arg-type]
                 scale = _scale(self.scaler, dev) if _param_grads_scaled(self.scaler, self.optimizer) else None
-                for b, values in enumerate(stats):  # l2, then sum |g| and max |g|
+                for b, values in zip((L2, L1, MAX_ABS), stats, strict=False):  # abs_stats=False: L2 only
                     row[layout.block(b)].index_copy_(0, idx, values if scale is None else values / scale)
                 if snapshot:
-                    row[layout.block(4)].index_copy_(0, idx, self._updates.snapshot(present, dev))
+                    row[layout.block(WEIGHT_NORM)].index_copy_(0, idx, self._updates.snapshot(present, dev))
                     self._pending_update = (present, idx)
             if obs.grads:
                 keys, vals = buffer.stack(obs.grads)
                 scale = _scale(self.scaler, dev)
-                buffer.combine("og", keys, vals if scale is None else vals / scale, layout.key_block(0).start, row)
+                buffer.combine(
+                    "og", keys, vals if scale is None else vals / scale, layout.key_block(OUT_GRAD_NORM).start, row
+                )
             if obs.fwd:
-                buffer.combine("act", *buffer.stack(obs.fwd), layout.key_block(1).start, row)
+                buffer.combine("act", *buffer.stack(obs.fwd), layout.key_block(ACT_NORM).start, row)
             if obs.dead or obs.dead_done:
                 keys, vals = buffer.dead_fractions(obs.dead) if obs.dead else ((), None)
                 if obs.dead_done:
                     keys = (*keys, *(k for k, _ in obs.dead_done))
                     done = torch.stack([v for _, v in obs.dead_done]).to(dev)
                     vals = done if vals is None else torch.cat([vals, done])
-                buffer.combine("dead", keys, vals, layout.key_block(2).start, row)
+                buffer.combine("dead", keys, vals, layout.key_block(DEAD_FRACTION).start, row)
         buffer.finish_row(self._step, tuple(obs.fwd_order), tuple(obs.bwd_order))
 
     def _finish_update(self) -> None:
@@ -371,7 +359,7 @@ class GradientFlow:
         present, idx = pending
         with torch.no_grad():
             update = self._updates.update_norms(present, buffer.device)
-            buffer.row()[buffer.layout.block(3)].index_copy_(0, idx, update)
+            buffer.row()[buffer.layout.block(UPDATE_NORM)].index_copy_(0, idx, update)
 
     # -- read-out -----------------------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -427,3 +415,45 @@ class GradientFlow:
         writer = _summary_writer(writer)
         params = zip(self.param_names, self._params, strict=True)
         return to_tensorboard(writer, self.read(), step, histograms, params, self._tb_last)
+
+
+def _check_arguments(
+    model: Any,
+    every: Any,
+    optimizer: Any,
+    scaler: Any,
+    alarms: Any,
+    on_alarm: Any,
+    output_stats: Any,
+    fused_stats: Any,
+    buffer_steps: Any,
+    keep: Any,
+    unit_dim: Any,
+) -> Alarms | None:
+    """`GradientFlow`'s arguments checked before anything is hooked; returns the alarm configuration (None: off)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    int_option("every", every, "a positive int (record every every-th step)")
+    if optimizer is not None and not hasattr(optimizer, "register_step_pre_hook"):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer (with register_step_pre_hook), got {type(optimizer).__name__}"
+        )
+    if scaler is not None and not (hasattr(scaler, "scale") and hasattr(scaler, "is_enabled")):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+    if alarms is True:
+        alarms = Alarms()
+    elif alarms is False:
+        alarms = None
+    if alarms is not None and not isinstance(alarms, Alarms):
+        raise TypeError(f"alarms must be an Alarms, True, False or None, got {type(alarms).__name__}")
+    if not (on_alarm in ("warn", "log", "raise") or callable(on_alarm)):
+        raise ValueError(f"on_alarm must be 'warn', 'log', 'raise' or a callable taking an Alarm, got {on_alarm!r}")
+    if output_stats not in ("parameter-free", "all"):
+        raise ValueError(f"output_stats must be 'parameter-free' or 'all', got {output_stats!r}")
+    if fused_stats not in (None, True, False):
+        raise TypeError(f"fused_stats must be None (automatic), True or False, got {fused_stats!r}")
+    int_option("buffer_steps", buffer_steps, "a positive int")
+    int_option("keep", keep, "a positive int or None (keep every recorded step)", optional=True)
+    if not is_int(unit_dim):
+        raise TypeError(f"unit_dim must be an int, got {type(unit_dim).__name__}")
+    return alarms

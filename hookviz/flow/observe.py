@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._calls import CallCounter
 from ..hooks import HookManager
-from ..record import _CallCounter, first_tensor
+from ..record import first_tensor
 from .kernels import _Kernels, _partial_norm, _row_norms, _unit_values
 from .watch import _Watched
 
@@ -32,7 +33,7 @@ class _StepObserver:
         self.track_edges = False
         self.edge_forwards = 0
         self.defer_outputs = False
-        self.calls = _CallCounter()
+        self.calls = CallCounter()
         self.producer: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.inputs_of: dict[str, set[str]] = {}
         self.graph_order: dict[str, None] = {}  # every watched call key, in forward order (learnt with the edges)

@@ -8,22 +8,21 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from .data import FlowData
 from .locate import _finite, _kind_of
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .stats import FlowStats
-
 
 def plot_bars(
-    stats: FlowStats, step: int | None = None, *, level: Literal["module", "param"] = "module", ax: Axes | None = None
+    stats: FlowData, step: int | None = None, *, level: Literal["module", "param"] = "module", ax: Axes | None = None
 ) -> Figure:
     """`FlowStats.plot_bars` (its docs say what is drawn)."""
     r = stats.row(step)
     if level == "module":
-        cols = stats._param_modules()
+        cols = stats.owner_columns()
         names = [stats.modules[j] for j in cols]
         mx = stats.module_stats["grad_max_abs"][r, cols]
         mean = stats.module_stats["grad_mean_abs"][r, cols]
@@ -78,7 +77,7 @@ def plot_bars(
 
 
 def plot_heatmap(
-    stats: FlowStats,
+    stats: FlowData,
     stat: str = "grad_norm",
     *,
     level: Literal["module", "param"] = "module",
@@ -89,7 +88,7 @@ def plot_heatmap(
     from matplotlib.colors import LogNorm, Normalize
 
     stats.row(None)
-    names, values = stats._matrix(stat, level)
+    names, values = stats.matrix(stat, level)
     fig, ax = _figure_axes(ax, (max(6.0, 0.05 * len(stats.steps) + 4), max(3.0, 0.18 * len(names) + 1.5)))
     masked = np.ma.masked_invalid(values.T)
     if log:
@@ -112,7 +111,7 @@ def plot_heatmap(
 
 
 def plot_norms(
-    stats: FlowStats,
+    stats: FlowData,
     names: Sequence[str] | None = None,
     stat: str = "grad_norm",
     *,
@@ -122,15 +121,15 @@ def plot_norms(
 ) -> Figure:
     """`FlowStats.plot_norms` (its docs say what is drawn)."""
     stats.row(None)
-    all_names, values = stats._matrix(stat, level)
+    all_names, values = stats.matrix(stat, level)
     if names is None:
-        pool = [stats.modules[j] for j in stats._param_modules()] if level == "module" else list(stats.params)
+        pool = [stats.modules[j] for j in stats.owner_columns()] if level == "module" else list(stats.params)
         pool = pool or all_names
         picks = np.unique(np.linspace(0, len(pool) - 1, num=min(8, len(pool))).round().astype(int))
         names = [pool[i] for i in picks]
     fig, ax = _figure_axes(ax, (7.0, 4.0))
     for name in names:
-        j = stats._index(all_names, name, level)
+        j = stats.column(name, level)
         ax.plot(stats.steps, values[:, j], marker="." if len(stats.steps) < 50 else None, label=name or "<model>")
     if log:
         ax.set_yscale("log")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,7 +14,23 @@ import numpy as np
 
 from . import export, plots
 from .alarms import Alarm
-from .layout import _MISSING, _MODULE_STATS, _PARAM_STATS, _base, _Chunk
+from .data import FlowData
+from .layout import (
+    _MISSING,
+    _MODULE_STATS,
+    ACT_NORM,
+    DEAD_FRACTION,
+    KEY_BLOCKS,
+    L1,
+    L2,
+    MAX_ABS,
+    OUT_GRAD_NORM,
+    PARAM_BLOCKS,
+    UPDATE_NORM,
+    WEIGHT_NORM,
+    _base,
+    _Chunk,
+)
 from .locate import _finite
 from .watch import _Watched
 
@@ -23,8 +39,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-@dataclass
-class FlowStats:
+class FlowStats(FlowData):
     """Every statistic recorded by a `GradientFlow`, as numpy arrays over the recorded steps.
 
     ``param_stats[stat]`` is (S, P) over `params` for ``grad_norm`` (L2), ``grad_mean_abs``, ``grad_max_abs`` and
@@ -38,70 +53,6 @@ class FlowStats:
     ``param_present[stat]`` / ``module_present[stat]`` (same shapes, bool) are False; where they are True, a NaN is a
     NaN.
     """
-
-    steps: np.ndarray
-    params: list[str]
-    param_modules: list[str]
-    param_numel: list[int]
-    modules: list[str]
-    module_types: list[str]
-    param_stats: dict[str, np.ndarray]
-    param_present: dict[str, np.ndarray]
-    module_stats: dict[str, np.ndarray]
-    module_present: dict[str, np.ndarray]
-    total_grad_norm: np.ndarray
-    alarms: list[Alarm] = field(default_factory=list)
-
-    @property
-    def param_has_grad(self) -> np.ndarray:
-        """(S, P) bool: where a parameter had a gradient."""
-        return self.param_present["grad_norm"]
-
-    @property
-    def module_has_grad(self) -> np.ndarray:
-        """(S, M) bool: where a module had a gradient in one of its parameters."""
-        return self.module_present["grad_norm"]
-
-    # -- access ---------------------------------------------------------------------------------------------------
-    def module(self, name: str, stat: str = "grad_norm") -> np.ndarray:
-        """(S,) values of `stat` for module (or call key) `name`."""
-        return self.module_stats[_check_stat(stat, _MODULE_STATS)][:, self._index(self.modules, name, "module")]
-
-    def param(self, name: str, stat: str = "grad_norm") -> np.ndarray:
-        """(S,) values of `stat` for parameter `name`."""
-        return self.param_stats[_check_stat(stat, _PARAM_STATS)][:, self._index(self.params, name, "parameter")]
-
-    def module_has_value(self, stat: str) -> np.ndarray:
-        """(S, M) bool: where `stat` has a value (NaN there means a NaN, not a missing value)."""
-        return self.module_present[_check_stat(stat, _MODULE_STATS)]
-
-    def row(self, step: int | None) -> int:
-        """Row index of training step `step` (None: the last recorded)."""
-        if len(self.steps) == 0:
-            raise ValueError("nothing recorded yet: take a training step with the GradientFlow attached first")
-        if step is None:
-            return len(self.steps) - 1
-        hits = np.flatnonzero(self.steps == step)
-        if hits.size == 0:
-            raise ValueError(
-                f"step {step} was not recorded; recorded steps: {_few(self.steps.tolist())} (every= skips steps)"
-            )
-        return int(hits[0])
-
-    @staticmethod
-    def _index(names: list[str], name: str, what: str) -> int:
-        try:
-            return names.index(name)
-        except ValueError:
-            import difflib
-
-            close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
-            hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
-            raise KeyError(f"no {what} named {name!r} was watched{hint}") from None
-
-    def _param_modules(self) -> list[int]:
-        owners = set(self.param_modules)
-        return [j for j, m in enumerate(self.modules) if m in owners]
 
     # -- report ---------------------------------------------------------------------------------------------------
     def report(self, step: int | None = None) -> FlowReport:
@@ -172,20 +123,10 @@ class FlowStats:
         over the model). Returns the Figure."""
         return plots.plot_norms(self, names, stat, level=level, ax=ax, log=log)
 
-    def _matrix(self, stat: str, level: str) -> tuple[list[str], np.ndarray]:
-        if level == "module":
-            return self.modules, self.module_stats[_check_stat(stat, _MODULE_STATS)]
-        if level == "param":
-            return self.params, self.param_stats[_check_stat(stat, _PARAM_STATS)]
-        raise ValueError(f"level must be 'module' or 'param', got {level!r}")
-
     # -- exports --------------------------------------------------------------------------------------------------
     def records(self) -> Iterable[tuple[int, str, str, str, float]]:
         """Long format: (step, level, name, stat, value) for every statistic that has a value."""
         return export.records(self)
-
-    def _row_records(self, r: int) -> Iterable[tuple[int, str, str, str, float]]:
-        return export.row_records(self, r)
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write `records` as CSV (columns step, level, name, stat, value; non-finite values as nan/inf)."""
@@ -200,90 +141,18 @@ class FlowStats:
         return export.to_json(self, path)
 
 
-def _check_stat(stat: str, allowed: tuple[str, ...]) -> str:
-    if stat not in allowed:
-        raise ValueError(f"stat must be one of {', '.join(allowed)}; got {stat!r}")
-    return stat
-
-
-def _few(values: list[int]) -> str:
-    return ", ".join(map(str, values)) if len(values) <= 8 else f"{values[0]}, {values[1]}, ..., {values[-1]}"
-
-
 def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: list[Alarm]) -> FlowStats:
     """Host chunks -> FlowStats (parameter statistics per parameter and aggregated per module); `keys`: every call
     key in column order."""
-    P = len(watched.params)
-    S = sum(len(c.steps) for c in chunks)
     steps = np.concatenate([c.steps for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
-    blocks = [np.full((S, P), _MISSING) for _ in range(5)]
-    kb = [np.full((S, len(keys)), _MISSING) for _ in range(3)]
-    r = 0
-    for c in chunks:
-        n = len(c.steps)
-        for b in range(5):
-            blocks[b][r : r + n] = c.data[:, c.layout.block(b)]
-        for b in range(3):
-            kb[b][r : r + n, : len(c.layout.keys)] = c.data[:, c.layout.key_block(b)]
-        r += n
-    l2, l1, mx, upd, w = blocks
-    has = l2 != _MISSING
+    blocks, key_blocks = _stack(chunks, len(watched.params), len(keys))
     numel = np.array([p.numel() for p in watched.params], dtype=np.float64)
-    nan = np.nan
+    modules = _module_order(keys, watched)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        present = {
-            "grad_norm": has,
-            "grad_mean_abs": has & (l1 != _MISSING),
-            "grad_max_abs": has & (mx != _MISSING),
-            "update_ratio": has & (upd != _MISSING) & (w != _MISSING),
-        }
-        param_present = present | {"update_ratio": present["update_ratio"] & (w > 0)}
-        param_stats = {
-            "grad_norm": np.where(has, l2, nan),
-            "grad_mean_abs": np.where(present["grad_mean_abs"], l1 / np.maximum(numel, 1), nan),
-            "grad_max_abs": np.where(present["grad_max_abs"], mx, nan),
-            "update_ratio": np.where(param_present["update_ratio"], upd / np.where(w > 0, w, 1), nan),
-        }
-        # module order: watched modules in model order, each followed by its further call keys
-        extra: dict[str, list[str]] = {}
-        for k in keys:
-            if _base(k) != k:
-                extra.setdefault(_base(k), []).append(k)
-        modules = []
-        for name in watched.module_names:
-            modules.append(name)
-            modules.extend(sorted(extra.get(name, []), key=lambda k: int(k.rsplit("#", 1)[1])))
-        M = len(modules)
-        mstats = {stat: np.full((S, M), nan) for stat in _MODULE_STATS}
-        mpresent = {stat: np.zeros((S, M), dtype=bool) for stat in _MODULE_STATS}
-        key_pos = {k: i for i, k in enumerate(keys)}
-
-        def put(stat: str, j: int, mask: np.ndarray, values: np.ndarray) -> None:
-            mpresent[stat][:, j] = mask
-            mstats[stat][:, j] = np.where(mask, values, nan)
-
-        def sq(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            return np.sqrt(np.where(mask, values.astype(np.float64) ** 2, 0.0).sum(1))
-
-        for j, name in enumerate(modules):
-            cols = watched.params_of.get(name, []) if _base(name) == name else []
-            if cols:
-                p = present["grad_norm"][:, cols]
-                put("grad_norm", j, p.any(1), sq(l2[:, cols], p))
-                p = present["grad_mean_abs"][:, cols]
-                mean = np.where(p, l1[:, cols], 0.0).sum(1) / np.maximum((p * numel[cols]).sum(1), 1)
-                put("grad_mean_abs", j, p.any(1), mean)
-                p = present["grad_max_abs"][:, cols]
-                put("grad_max_abs", j, p.any(1), np.where(p, mx[:, cols], -np.inf).max(1))
-                p = present["update_ratio"][:, cols]
-                ws = sq(w[:, cols], p)
-                put("update_ratio", j, p.any(1) & (ws > 0), sq(upd[:, cols], p) / np.where(ws > 0, ws, 1))
-            i = key_pos.get(name)
-            if i is not None:
-                for b, stat in enumerate(("out_grad_norm", "act_norm", "dead_fraction")):
-                    v = kb[b][:, i]
-                    put(stat, j, v != _MISSING, v)
-        total = np.where(has.any(1), sq(l2, has), nan)
+        present, param_present, param_stats = _param_stats(blocks, numel)
+        mstats, mpresent = _module_stats(modules, keys, watched, blocks, key_blocks, present, numel)
+        has = present["grad_norm"]
+        total = np.where(has.any(1), _root_sum_sq(blocks[L2], has), np.nan)
     return FlowStats(
         steps=steps,
         params=list(watched.param_names),
@@ -298,6 +167,105 @@ def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: 
         total_grad_norm=total,
         alarms=list(alarms),
     )
+
+
+def _stack(chunks: list[_Chunk], n_params: int, n_keys: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The chunks' rows stacked: `PARAM_BLOCKS` (S, P) arrays and `KEY_BLOCKS` (S, keys) arrays, `_MISSING` where a
+    chunk had no column yet (keys first seen later)."""
+    S = sum(len(c.steps) for c in chunks)
+    blocks = [np.full((S, n_params), _MISSING) for _ in range(PARAM_BLOCKS)]
+    key_blocks = [np.full((S, n_keys), _MISSING) for _ in range(KEY_BLOCKS)]
+    r = 0
+    for c in chunks:
+        n = len(c.steps)
+        for b in range(PARAM_BLOCKS):
+            blocks[b][r : r + n] = c.data[:, c.layout.block(b)]
+        for b in range(KEY_BLOCKS):
+            key_blocks[b][r : r + n, : len(c.layout.keys)] = c.data[:, c.layout.key_block(b)]
+        r += n
+    return blocks, key_blocks
+
+
+def _param_stats(
+    blocks: list[np.ndarray], numel: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(where each raw statistic is present, where each parameter statistic has a value, the statistics)."""
+    l2, l1, mx, upd, w = (blocks[i] for i in (L2, L1, MAX_ABS, UPDATE_NORM, WEIGHT_NORM))
+    has = l2 != _MISSING
+    present = {
+        "grad_norm": has,
+        "grad_mean_abs": has & (l1 != _MISSING),
+        "grad_max_abs": has & (mx != _MISSING),
+        "update_ratio": has & (upd != _MISSING) & (w != _MISSING),
+    }
+    param_present = present | {"update_ratio": present["update_ratio"] & (w > 0)}
+    param_stats = {
+        "grad_norm": np.where(has, l2, np.nan),
+        "grad_mean_abs": np.where(present["grad_mean_abs"], l1 / np.maximum(numel, 1), np.nan),
+        "grad_max_abs": np.where(present["grad_max_abs"], mx, np.nan),
+        "update_ratio": np.where(param_present["update_ratio"], upd / np.where(w > 0, w, 1), np.nan),
+    }
+    return present, param_present, param_stats
+
+
+def _module_order(keys: list[str], watched: _Watched) -> list[str]:
+    """Watched modules in model order, each followed by its further call keys (``name#1``, ``name#2``, ...)."""
+    extra: dict[str, list[str]] = {}
+    for k in keys:
+        if _base(k) != k:
+            extra.setdefault(_base(k), []).append(k)
+    modules = []
+    for name in watched.module_names:
+        modules.append(name)
+        modules.extend(sorted(extra.get(name, []), key=lambda k: int(k.rsplit("#", 1)[1])))
+    return modules
+
+
+def _root_sum_sq(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row, the root of the summed squares of `values` where `mask` holds."""
+    return np.sqrt(np.where(mask, values.astype(np.float64) ** 2, 0.0).sum(1))
+
+
+def _module_stats(
+    modules: list[str],
+    keys: list[str],
+    watched: _Watched,
+    blocks: list[np.ndarray],
+    key_blocks: list[np.ndarray],
+    present: dict[str, np.ndarray],
+    numel: np.ndarray,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(S, M) module statistics: parameter statistics aggregated over each module's parameters (first call key
+    only), and the per-call statistics of each call key."""
+    S = len(present["grad_norm"])
+    l2, l1, mx, upd, w = (blocks[i] for i in (L2, L1, MAX_ABS, UPDATE_NORM, WEIGHT_NORM))
+    mstats = {stat: np.full((S, len(modules)), np.nan) for stat in _MODULE_STATS}
+    mpresent = {stat: np.zeros((S, len(modules)), dtype=bool) for stat in _MODULE_STATS}
+    key_pos = {k: i for i, k in enumerate(keys)}
+
+    def put(stat: str, j: int, mask: np.ndarray, values: np.ndarray) -> None:
+        mpresent[stat][:, j] = mask
+        mstats[stat][:, j] = np.where(mask, values, np.nan)
+
+    for j, name in enumerate(modules):
+        cols = watched.params_of.get(name, []) if _base(name) == name else []
+        if cols:
+            p = present["grad_norm"][:, cols]
+            put("grad_norm", j, p.any(1), _root_sum_sq(l2[:, cols], p))
+            p = present["grad_mean_abs"][:, cols]
+            mean = np.where(p, l1[:, cols], 0.0).sum(1) / np.maximum((p * numel[cols]).sum(1), 1)
+            put("grad_mean_abs", j, p.any(1), mean)
+            p = present["grad_max_abs"][:, cols]
+            put("grad_max_abs", j, p.any(1), np.where(p, mx[:, cols], -np.inf).max(1))
+            p = present["update_ratio"][:, cols]
+            ws = _root_sum_sq(w[:, cols], p)
+            put("update_ratio", j, p.any(1) & (ws > 0), _root_sum_sq(upd[:, cols], p) / np.where(ws > 0, ws, 1))
+        i = key_pos.get(name)
+        if i is not None:
+            for b, stat in ((OUT_GRAD_NORM, "out_grad_norm"), (ACT_NORM, "act_norm"), (DEAD_FRACTION, "dead_fraction")):
+                v = key_blocks[b][:, i]
+                put(stat, j, v != _MISSING, v)
+    return mstats, mpresent
 
 
 # -- report ---------------------------------------------------------------------------------------------------------

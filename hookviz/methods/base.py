@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from .._modes import training_restored
+from .._present import present
 from ..hooks import HookManager
 from ..images import auto_preprocess, describe_preprocess, load_images
 from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call
-
-if TYPE_CHECKING:
-    from ..explanation import Explanation
-    from ..text import TokenExplanation
 
 METHODS: dict[str, type[Attribution]] = {}
 
@@ -142,8 +140,8 @@ class Attribution:
         tokens: bool | None = None,
         additional_forward_args: Any = None,
         forward_kwargs: dict[str, Any] | None = None,
-    ) -> Explanation | TokenExplanation:
-        """Explain images given as paths, PIL images, numpy arrays or tensors; returns an `Explanation`.
+    ) -> Any:
+        """Explain images given as paths, PIL images, numpy arrays or tensors; returns a `hookviz.Explanation`.
 
         Paths, PIL images, numpy arrays and uint8 tensors (``torchvision.io.read_image``: (C, H, W) or (N, C, H, W),
         scaled by 1/255) go through `preprocess`; float tensors are used as given. ``preprocess="auto"`` (default)
@@ -158,9 +156,10 @@ class Attribution:
         `hookviz.text.TokenExplanation` instead, with `vocab` (a list or a callable id -> str) naming the tokens:
         ``tokens=True`` says so explicitly; with None (default) integer tensors other than uint8 are token ids and
         uint8 tensors are images. `forward_kwargs` (e.g. ``{"attention_mask": mask}``) go to ``forward``.
-        """
-        from ..explanation import Explanation
 
+        The result objects live in the presentation layer above the methods; they are reached through
+        `hookviz._present` (registered by `hookviz.explanation` and `hookviz.text`), not imported here.
+        """
         if tokens is not None and not isinstance(tokens, bool):
             raise TypeError(f"tokens must be None (inferred), True or False, got {type(tokens).__name__}")
         integer = isinstance(images, Tensor) and not (images.is_floating_point() or images.is_complex())
@@ -168,9 +167,8 @@ class Attribution:
             got = f"a {images.dtype} tensor" if isinstance(images, Tensor) else type(images).__name__
             raise TypeError(f"tokens=True needs an integer tensor of token ids (N, T), got {got}")
         if tokens or (tokens is None and integer and images.dtype != torch.uint8):
-            from ..text import explain_tokens
-
-            return explain_tokens(
+            return present(
+                "tokens",
                 self,
                 images,
                 target,
@@ -194,7 +192,8 @@ class Attribution:
         # multi-input methods take and give tuples: one image tensor came, one attribution goes
         attribution = attribution[0] if isinstance(attribution, tuple) else attribution
         x = x[0] if isinstance(x, tuple) else x
-        return Explanation(
+        return present(
+            "images",
             attribution=attribution.detach(),
             images=batch.images,
             inputs=x,
@@ -318,26 +317,24 @@ class Attribution:
                 "inference_mode (torch.no_grad() is fine)"
             )
         model = self.model
-        modes = [(m, m.training) for m in model.modules()]
         flags = [(p, p.requires_grad) for p in model.parameters()]
         # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
         buffers = (
             [(b, b.detach().clone()) for b in model.buffers()]
-            if not self.eval_mode and any(t for _, t in modes)
+            if not self.eval_mode and any(m.training for m in model.modules())
             else []
         )
-        try:
-            if self.eval_mode:
-                model.eval()
-            for p, _ in flags:
-                p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
-            with active_call(), torch.enable_grad(), HookManager(model) as hooks:
-                yield hooks
-        finally:
-            for m, training in modes:
-                m.training = training
-            for p, requires_grad in flags:
-                p.requires_grad_(requires_grad)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        with training_restored(model):
+            try:
+                if self.eval_mode:
+                    model.eval()
+                for p, _ in flags:
+                    p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
+                with active_call(), torch.enable_grad(), HookManager(model) as hooks:
+                    yield hooks
+            finally:
+                for p, requires_grad in flags:
+                    p.requires_grad_(requires_grad)
+                with torch.no_grad():
+                    for b, saved in buffers:
+                        b.copy_(saved)

@@ -3,7 +3,7 @@
 `Saliency` (the plain gradient; Simonyan et al., 2014, arXiv:1312.6034), `InputXGradient` (gradient times input;
 Shrikumar et al., 2016, arXiv:1605.01713) and `IntegratedGradients` (gradients averaged along a path from a
 baseline; Sundararajan et al., 2017, arXiv:1703.01365), with the helpers they share with the methods that expand
-the batch (`_chunks`, `_plan_rows`, `_forward_scores`, the argument checks). Noise over a method (SmoothGrad,
+the batch (`chunks`, `plan_rows`, `forward_scores`, the argument checks). Noise over a method (SmoothGrad,
 VarGrad) is in `noise`, which builds on this file.
 
 Methods that evaluate the model on many rows per input (path points, noisy copies) lay those rows out in one
@@ -14,20 +14,19 @@ over chunks, never over inputs, and the result does not depend on ``batch_size``
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, ExitStack, nullcontext
-from numbers import Real
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar, Literal, TypeAlias
 
 import torch
 from torch import Tensor, nn
 
+from .._checks import int_at_least
 from ..hooks import HookManager, Selector
-from ..inputs import check_finite
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
+from .baseline import baseline_like, check_baseline
+from .batch import acc_dtype, check_batch_size, chunks, plan_rows, scores_and_layer
 from .forward import ForwardArgs, as_tuple, take_rows
 from .layer import LayerTap
 
@@ -68,137 +67,6 @@ def _gradients(
     targets = resolve_targets(target, output, xs[0].shape[0])
     grads = batched_grad(targets.scores, list(wrt), strategy=backward)
     return wrt, tuple(grads), targets
-
-
-def _chunks(total: int, batch_size: int | None) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` row ranges covering ``range(total)``, at most `batch_size` rows each (None: one range)."""
-    step = total if batch_size is None else batch_size
-    for start in range(0, total, step):
-        yield start, min(start + step, total)
-
-
-def _plan_rows(plan: TargetPlan, inputs: Tensor) -> TargetPlan:
-    """The plan of an expanded batch whose rows belong to the inputs `inputs` (indices into the N inputs)."""
-    if plan.indices is None:
-        return plan  # a callable scores whatever rows it is given
-    return TargetPlan(plan.indices[inputs.to(plan.indices.device)], None, plan.multi)
-
-
-def _forward_scores(
-    model: nn.Module,
-    x: Tensor | tuple[Tensor, ...],
-    plan: TargetPlan,
-    batch_size: int | None,
-    *,
-    forward_args: ForwardArgs | None = None,
-) -> Targets:
-    """Target scores of `x` (N, ...) without a backward pass, in chunks; a "top class" plan resolves per input.
-
-    Class targets run under ``torch.no_grad()``; a callable target needs its scores connected to the output
-    (`resolve_targets` checks that), so it runs with a graph that is dropped right after.
-    """
-    return _scores_and_layer(model, as_tuple(x), plan, batch_size, forward_args)[0]
-
-
-def _scores_and_layer(
-    model: nn.Module,
-    xs: tuple[Tensor, ...],
-    plan: TargetPlan,
-    batch_size: int | None,
-    forward_args: ForwardArgs | None = None,
-    tap: LayerTap | None = None,
-) -> tuple[Targets, Tensor | None]:
-    """`_forward_scores` of the inputs `xs`, and with `tap` the layer's tensor (N, ...) from the same passes."""
-    n = xs[0].shape[0]
-    fwd = forward_args or ForwardArgs((), n)
-    scores: list[Tensor] = []
-    indices: list[Tensor] = []
-    acts: list[Tensor] = []
-    multi = plan.multi
-    for start, stop in _chunks(n, batch_size):
-        rows = torch.arange(start, stop)
-        chunk = tuple(t[start:stop] for t in xs)
-        chunk_fwd = fwd if stop - start == n else fwd.rows(rows)
-        with ExitStack() as stack:
-            taken = stack.enter_context(tap.capture()) if tap is not None else None
-            if plan.fn is None:
-                with torch.no_grad():
-                    t = resolve_targets(_plan_rows(plan, rows), chunk_fwd(model, chunk), stop - start)
-            else:
-                # the layer's leaf connects the scores when there is a tap; else the inputs do
-                if tap is None:
-                    chunk = tuple(c.detach().requires_grad_(True) for c in chunk)
-                t = resolve_targets(plan, chunk_fwd(model, chunk), stop - start)
-        if tap is not None and taken is not None:
-            acts.append(tap.one(taken).detach())
-        scores.append(t.scores.detach())
-        if t.indices is not None:
-            indices.append(t.indices)
-        multi = t.multi
-    targets = Targets(torch.cat(scores), torch.cat(indices) if indices else None, multi)
-    return targets, (torch.cat(acts) if acts else None)
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Results and sums in float32 at least (float64 stays float64), whatever the autocast dtype."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _check_batch_size(batch_size: object) -> int | None:
-    if batch_size is None:
-        return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"batch_size must be None (all rows in one pass) or an int >= 1 (rows per forward/backward pass), "
-            f"got {batch_size!r}"
-        )
-    return batch_size
-
-
-def _one_baseline(b: Tensor | float | None, x: Tensor) -> Tensor:
-    """The baseline (N, ...) of the input `x` from a baseline spec (None, a number, a broadcasting tensor)."""
-    if b is None:
-        return torch.zeros_like(x)
-    if not isinstance(b, Tensor):
-        return torch.full_like(x, float(b))
-    try:
-        shape = torch.broadcast_shapes(b.shape, x.shape)
-    except RuntimeError:
-        shape = None
-    if shape != x.shape:
-        raise ValueError(
-            f"baseline of shape {tuple(b.shape)} does not broadcast to the inputs' shape {tuple(x.shape)}; give "
-            "one baseline (C, H, W) / (1, C, H, W) or one per input (N, C, H, W)"
-        )
-    check_finite(b, "baseline")  # again at call time: the tensor may have changed in place since __init__
-    return b.detach().to(device=x.device, dtype=x.dtype).expand_as(x)
-
-
-def _check_baseline(baseline: object) -> None:
-    if isinstance(baseline, tuple):
-        for b in baseline:
-            _check_baseline(b)
-        return
-    if baseline is not None and not isinstance(baseline, Tensor):
-        if isinstance(baseline, bool) or not isinstance(baseline, Real):
-            raise TypeError(
-                "baseline must be None (zeros), a number (a constant image), a tensor that broadcasts to the "
-                f"inputs' shape, or a tuple of those (one per input tensor); got {type(baseline).__name__}"
-            )
-    if isinstance(baseline, Tensor) and (baseline.is_complex() or baseline.dtype == torch.bool):
-        raise TypeError(f"baseline tensor must hold real numbers, got dtype {baseline.dtype}")
-    if isinstance(baseline, Real) and not math.isfinite(baseline):
-        raise ValueError(f"baseline must be a finite number (a constant image), got {baseline!r}")
-    if isinstance(baseline, Tensor):
-        check_finite(baseline, "baseline")
-
-
-def _check_int(name: str, value: object, minimum: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int ({what}), got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum} ({what}), got {value}")
-    return value
 
 
 # -- the plain gradient and input x gradient ------------------------------------------------------------------------
@@ -413,9 +281,9 @@ class IntegratedGradients(Attribution):
         if method not in IG_METHODS:
             raise ValueError(f"method must be one of {', '.join(map(repr, IG_METHODS))}; got {method!r}")
         minimum = 1 if method == "gausslegendre" else 2
-        steps = _check_int("steps", steps, minimum, f"quadrature points; >= {minimum} for method={method!r}")
-        _check_baseline(baseline)
-        batch_size = _check_batch_size(batch_size)
+        steps = int_at_least("steps", steps, minimum, f"quadrature points; >= {minimum} for method={method!r}")
+        check_baseline(baseline)
+        batch_size = check_batch_size(batch_size)
         super().__init__(model, eval_mode=eval_mode, backward=backward)
         self._tap = _layer_tap(self, model, layer, layer_input)
         self.steps = steps
@@ -433,16 +301,16 @@ class IntegratedGradients(Attribution):
         return f"{type(self).__name__}({type(self.model).__name__}, steps={self.steps}, method={self.method!r}{extra})"
 
     def _baseline_for(self, x: Tensor) -> Tensor:
-        return _one_baseline(self.baseline, x)  # type: ignore[arg-type]
+        return baseline_like(self.baseline, x)  # type: ignore[arg-type]
 
     def _baselines_for(self, xs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         """One baseline per input tensor; a tuple baseline must have one entry per input."""
         b = self.baseline
         if not isinstance(b, tuple):
-            return tuple(_one_baseline(b, x) for x in xs)
+            return tuple(baseline_like(b, x) for x in xs)
         if len(b) != len(xs):
             raise ValueError(f"baseline is a tuple of {len(b)} entries but {len(xs)} input tensors came; give one each")
-        return tuple(_one_baseline(bi, x) for bi, x in zip(b, xs, strict=True))
+        return tuple(baseline_like(bi, x) for bi, x in zip(b, xs, strict=True))
 
     def _per_input_state(self, xs: tuple[Tensor, ...]) -> dict[str, tuple[Tensor, ...]]:
         """Per-input tensors (N, ...) that a wrapper expanding the batch (SmoothGrad) indexes with its rows."""
@@ -465,10 +333,10 @@ class IntegratedGradients(Attribution):
         plan: TargetPlan = target
         # y(x) resolves "top class" at the input itself; y(x') with the same targets; with a layer, the same
         # passes give its output at the input and at the baseline, the ends of the path
-        at_x, layer_x = _scores_and_layer(model, xs, plan, self.batch_size, fwd, tap)
+        at_x, layer_x = scores_and_layer(model, xs, plan, self.batch_size, fwd, tap)
         if plan.indices is None and plan.fn is None:
             plan = TargetPlan(at_x.indices, None, False)
-        at_baseline, layer_b = _scores_and_layer(model, baselines, plan, self.batch_size, fwd, tap)
+        at_baseline, layer_b = scores_and_layer(model, baselines, plan, self.batch_size, fwd, tap)
         if tap is None:
             starts, diffs = baselines, tuple(t - b for t, b in zip(xs, baselines, strict=True))
         else:
@@ -476,11 +344,11 @@ class IntegratedGradients(Attribution):
             starts, diffs = (layer_b,), (layer_x - layer_b,)
 
         alphas, weights = ig_nodes(self.method, self.steps)
-        acc = _acc_dtype(starts[0].dtype)
+        acc = acc_dtype(starts[0].dtype)
         alpha_t = torch.tensor(alphas, dtype=torch.float64, device=device)
         weight_t = torch.tensor(weights, dtype=torch.float64).to(device=device, dtype=acc)
         totals: list[Tensor | None] = [None] * len(starts)
-        for start, stop in _chunks(n_in * self.steps, self.batch_size):
+        for start, stop in chunks(n_in * self.steps, self.batch_size):
             rows = torch.arange(start, stop, device=device)
             i, j = rows % n_in, rows // n_in
             points = tuple(
@@ -488,10 +356,10 @@ class IntegratedGradients(Attribution):
                 for s, d in zip(starts, diffs, strict=True)
             )
             if tap is None:
-                _, grads, _ = _gradients(model, points, _plan_rows(plan, i), self.backward, fwd.rows(i))
+                _, grads, _ = _gradients(model, points, plan_rows(plan, i), self.backward, fwd.rows(i))
             else:  # the inputs themselves, with the layer's output replaced by the path point
                 _, grads, _ = _gradients(
-                    model, take_rows(xs, i), _plan_rows(plan, i), self.backward, fwd.rows(i), tap, at=points[0]
+                    model, take_rows(xs, i), plan_rows(plan, i), self.backward, fwd.rows(i), tap, at=points[0]
                 )
             for e, grad in enumerate(grads):
                 grad = grad.detach().to(acc) * weight_t[j].view(-1, *(1,) * (grad.dim() - 1))

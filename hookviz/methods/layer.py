@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from .._checks import bool_option
 from ..hooks import HookError, HookManager, Selector, select_modules
 
 
@@ -39,8 +40,7 @@ class LayerTap:
     """The output (``layer_input=False``) or first input (``layer_input=True``) of one module of `model`."""
 
     def __init__(self, model: nn.Module, layer: Selector, *, layer_input: bool = False) -> None:
-        if not isinstance(layer_input, bool):
-            raise TypeError(f"layer_input must be a bool, got {type(layer_input).__name__}")
+        bool_option("layer_input", layer_input)
         self.model = model
         self.name, self.module = resolve_one_module(model, layer)
         self.layer_input = layer_input

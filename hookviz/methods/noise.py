@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
-from numbers import Real
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from .._checks import bool_option, number_option, positive_int
 from ..hooks import HookManager
 from ..targets import TargetPlan, Targets, TargetSpec
 from .base import Attribution, register
+from .batch import acc_dtype, check_batch_size, chunks, forward_scores, plan_rows
 from .forward import ForwardArgs, as_tuple, take_rows
-from .gradient import Saliency, _acc_dtype, _check_batch_size, _check_int, _chunks, _forward_scores, _plan_rows
+from .gradient import Saliency
 
 
 @register("smoothgrad")
@@ -99,12 +100,11 @@ class SmoothGrad(Attribution):
                 "method must be an attribution method instance (Saliency, IntegratedGradients, GradCAM, any hookviz "
                 f"Attribution) or a model (smoothed Saliency), got {type(method).__name__}"
             )
-        n = _check_int("n", n, 1, "noisy copies per input")
-        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not (math.isfinite(sigma) and sigma >= 0):
-            raise ValueError(f"sigma must be a finite number >= 0 (a fraction of the input range), got {sigma!r}")
-        batch_size = _check_batch_size(batch_size)
-        if not isinstance(squared, bool):
-            raise TypeError(f"squared must be a bool, got {type(squared).__name__}")
+        n = positive_int("n", n, "noisy copies per input")
+        ok = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
+        number_option("sigma", sigma, "a finite number >= 0 (a fraction of the input range)", ok)
+        batch_size = check_batch_size(batch_size)
+        bool_option("squared", squared)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         super().__init__(method.model, eval_mode=method.eval_mode, backward=method.backward)
@@ -147,7 +147,7 @@ class SmoothGrad(Attribution):
         plan: TargetPlan = target
         indices = None
         if plan.indices is None and plan.fn is None:  # the top class of the clean input
-            indices = _forward_scores(model, xs, plan, self.batch_size, forward_args=fwd).indices
+            indices = forward_scores(model, xs, plan, self.batch_size, forward_args=fwd).indices
             plan = TargetPlan(indices, None, False)
         elif plan.indices is not None:
             indices = plan.indices.to(xs[0].device)
@@ -162,7 +162,7 @@ class SmoothGrad(Attribution):
         squares: list[Tensor] | None = None
         score_total: Tensor | None = None
         multi, as_tuple_result = plan.multi, False
-        for start, stop in _chunks(n_in * self.n, self.batch_size):
+        for start, stop in chunks(n_in * self.n, self.batch_size):
             parts = []
             for s in range(start // n_in, (stop - 1) // n_in + 1):  # the copies this chunk touches, in order
                 if s > copy_index:  # chunks are contiguous: s is the next copy to draw
@@ -177,10 +177,10 @@ class SmoothGrad(Attribution):
             # a manager per chunk: the method places its hooks (rules) for this pass only
             with HookManager(model) as chunk_hooks:
                 attr, targets = method._run(
-                    chunk if method.multi_input else chunk[0], _plan_rows(plan, rows), chunk_hooks, **run_kwargs
+                    chunk if method.multi_input else chunk[0], plan_rows(plan, rows), chunk_hooks, **run_kwargs
                 )
             as_tuple_result = isinstance(attr, tuple)
-            attrs = tuple(a.detach().to(_acc_dtype(a.dtype)) for a in as_tuple(attr))
+            attrs = tuple(a.detach().to(acc_dtype(a.dtype)) for a in as_tuple(attr))
             if sums is None:
                 sums = [a.new_zeros((n_in, *a.shape[1:])) for a in attrs]
                 squares = [a.new_zeros((n_in, *a.shape[1:])) for a in attrs]

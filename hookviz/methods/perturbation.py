@@ -13,41 +13,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from numbers import Real
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import bool_option, is_int, is_number, number_option, positive_int
+from .._progress import progress_bar
 from ..hooks import HookManager
-from ..record import _tqdm
 from ..targets import TargetPlan, Targets, class_logits
 from .base import Attribution, register
+from .baseline import baseline_like
+from .batch import acc_dtype, check_batch_size, chunks, forward_scores, plan_rows
 from .forward import ForwardArgs
-from .gradient import (
-    IntegratedGradients,
-    _acc_dtype,
-    _check_batch_size,
-    _check_int,
-    _chunks,
-    _forward_scores,
-    _plan_rows,
-)
 
 
 def _check_progress(progress: object) -> bool | None:
-    if progress is not None and not isinstance(progress, bool):
-        raise TypeError(
-            f"progress must be None (a bar only on runs longer than 2 s), True or False, got {type(progress).__name__}"
-        )
+    bool_option("progress", progress, "None (a bar only on runs longer than 2 s), True or False", optional=True)
     return progress
 
 
 def _check_pair(name: str, value: object, what: str) -> tuple[int, ...]:
     """An int (the same along every spatial axis) or a tuple of ints >= 1, one per axis."""
     values = value if isinstance(value, tuple) else (value,)
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    if not values or not all(is_int(v) for v in values):
         raise TypeError(f"{name} must be an int or a tuple of ints ({what}), got {value!r}")
     if any(v < 1 for v in values):
         raise ValueError(f"{name} must be >= 1 along every axis ({what}), got {value!r}")
@@ -66,7 +56,7 @@ class PerturbationAttribution(Attribution):
         self, model: nn.Module, *, batch_size: int | None = 64, progress: bool | None = None, eval_mode: bool = True
     ) -> None:
         super().__init__(model, eval_mode=eval_mode)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size = check_batch_size(batch_size)
         self.progress = _check_progress(progress)
 
     def _clean(self, x: Tensor, plan: TargetPlan, fwd: ForwardArgs | None = None) -> tuple[Targets, TargetPlan]:
@@ -74,7 +64,7 @@ class PerturbationAttribution(Attribution):
 
         Also checks the target against the model output (class range, output shape) before any perturbed pass.
         """
-        targets = _forward_scores(self.model, x, plan, self.batch_size, forward_args=fwd)
+        targets = forward_scores(self.model, x, plan, self.batch_size, forward_args=fwd)
         if plan.indices is None and plan.fn is None:
             plan = TargetPlan(targets.indices, None, False)
         return targets, plan
@@ -89,21 +79,24 @@ class PerturbationAttribution(Attribution):
         if softmax and plan.fn is None:
             with torch.no_grad():
                 out = class_logits(fwd(self.model, (rows,)))
-            probs = torch.softmax(out.to(_acc_dtype(out.dtype)), dim=1)
+            probs = torch.softmax(out.to(acc_dtype(out.dtype)), dim=1)
             return probs.gather(1, plan.indices.to(out.device))  # type: ignore[union-attr]
-        return _forward_scores(self.model, rows, plan, None, forward_args=fwd).scores
+        return forward_scores(self.model, rows, plan, None, forward_args=fwd).scores
 
     def _passes(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         """Row ranges of the expanded batch, behind a tqdm bar unless ``progress=False`` (None: after 2 s)."""
-        tqdm = None if self.progress is False else _tqdm()
-        if tqdm is None:
-            yield from _chunks(total, self.batch_size)
-            return
         n = 1 if self.batch_size is None else math.ceil(total / self.batch_size)
         delay = 0.0 if self.progress else 2.0
-        bar = tqdm(total=n, desc=f"{type(self).__name__} ({label})", unit="pass", delay=delay, leave=False)
+        bar = progress_bar(
+            total=n,
+            enabled=self.progress is not False,
+            desc=f"{type(self).__name__} ({label})",
+            unit="pass",
+            delay=delay,
+            leave=False,
+        )
         try:  # closed also when the caller's loop raises (the generator is closed then)
-            for rows in _chunks(total, self.batch_size):
+            for rows in chunks(total, self.batch_size):
                 yield rows
                 bar.update()
         finally:
@@ -142,7 +135,10 @@ class Occlusion(PerturbationAttribution):
     """
 
     display_defaults = {"reduce": "sum", "mode": "absmax", "cmap": "bwr", "overlay": False}
-    _baseline_for = IntegratedGradients._baseline_for  # baseline -> a tensor like x, with a clear error if not
+
+    def _baseline_for(self, x: Tensor) -> Tensor:
+        """The baseline as a tensor like `x`, with a clear error if it does not broadcast."""
+        return baseline_like(self.baseline, x)  # type: ignore[arg-type]
 
     def __init__(
         self,
@@ -162,7 +158,7 @@ class Occlusion(PerturbationAttribution):
         if isinstance(baseline, Tensor):
             if baseline.is_complex() or baseline.dtype == torch.bool:
                 raise TypeError(f"baseline tensor must hold real numbers, got dtype {baseline.dtype}")
-        elif isinstance(baseline, bool) or not isinstance(baseline, Real):
+        elif not is_number(baseline):
             raise TypeError(
                 "baseline must be a number or a tensor that broadcasts to the inputs' shape; "
                 f"got {type(baseline).__name__}"
@@ -222,7 +218,7 @@ class Occlusion(PerturbationAttribution):
             axis_masks.append((pos >= starts) & (pos < starts + w))
         fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
         targets, plan = self._clean(x, target, fwd)
-        clean = targets.scores.to(_acc_dtype(targets.scores.dtype))
+        clean = targets.scores.to(acc_dtype(targets.scores.dtype))
         n_windows = math.prod(counts)
         drops = clean.new_empty((n_windows * n_in, clean.shape[1]))
         for start, stop in self._passes(n_windows * n_in, "windows"):
@@ -235,7 +231,7 @@ class Occlusion(PerturbationAttribution):
                 view[1 + lead + a] = dims[a]
                 mask = mask & axis_masks[a][j].view(view)
             occluded = torch.where(mask, baseline[inputs], x[inputs])
-            scores = self._score(occluded, _plan_rows(plan, inputs), fwd=fwd.rows(inputs))
+            scores = self._score(occluded, plan_rows(plan, inputs), fwd=fwd.rows(inputs))
             drops[start:stop] = clean[inputs] - scores.to(drops.dtype)
         # sum_p d_p W_p, axis by axis (the windows are products of 1-D masks), then the mean over covering windows
         attr = drops.view(*counts, n_in, -1).movedim((-2, -1), (0, 1))  # (N, K, S_1, ..., S_k)
@@ -300,14 +296,12 @@ class RISE(PerturbationAttribution):
         progress: bool | None = None,
         eval_mode: bool = True,
     ) -> None:
-        n_masks = _check_int("n_masks", n_masks, 1, "number of random masks")
-        cell = _check_int("cell", cell, 1, "grid cells per side")
-        if isinstance(p, bool) or not isinstance(p, Real) or not (0 < p <= 1):
-            raise ValueError(f"p must be a number in (0, 1] (the probability that a cell is kept), got {p!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        n_masks = positive_int("n_masks", n_masks, "number of random masks")
+        cell = positive_int("cell", cell, "grid cells per side")
+        number_option("p", p, "a number in (0, 1] (the probability that a cell is kept)", lambda v: 0 < v <= 1)
+        if seed is not None and not is_int(seed):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        if not isinstance(softmax, bool):
-            raise TypeError(f"softmax must be a bool, got {type(softmax).__name__}")
+        bool_option("softmax", softmax)
         super().__init__(model, batch_size=batch_size, progress=progress, eval_mode=eval_mode)
         self.n_masks = n_masks
         self.cell = cell
@@ -359,7 +353,7 @@ class RISE(PerturbationAttribution):
         grids, dy, dx = self._draw(size)
         fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), n_in)
         targets, plan = self._clean(x, target, fwd)
-        acc = _acc_dtype(x.dtype)
+        acc = acc_dtype(x.dtype)
         sal = torch.zeros((n_in, targets.scores.shape[1], 1, *size), dtype=acc, device=x.device)
         for start, stop in self._passes(self.n_masks * n_in, "masks"):
             first, last = start // n_in, (stop - 1) // n_in + 1  # the masks this chunk touches
@@ -367,7 +361,7 @@ class RISE(PerturbationAttribution):
             rows = torch.arange(start, stop, device=x.device)
             inputs, m = rows % n_in, rows // n_in - first
             row_masks = masks[m].unsqueeze(1)  # (M, 1, H, W)
-            scores = self._score(x[inputs] * row_masks, _plan_rows(plan, inputs), self.softmax, fwd.rows(inputs))
+            scores = self._score(x[inputs] * row_masks, plan_rows(plan, inputs), self.softmax, fwd.rows(inputs))
             scores = scores.to(acc)
             sal.index_add_(0, inputs, scores[:, :, None, None, None] * row_masks.to(acc).unsqueeze(1))
         return sal / (self.n_masks * self.p), targets

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Any
 
 import torch
@@ -86,22 +84,6 @@ def fit_maps(maps: Tensor, size: tuple[int, int], name: str, target: str) -> Ten
             "(smaller maps are upsampled bilinearly)"
         )
     return F.interpolate(maps.unsqueeze(1), size=(H, W), mode="bilinear", align_corners=False).squeeze(1)
-
-
-def check_int(name: str, value: object, low: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int ({what}), got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low} ({what}), got {value}")
-    return value
-
-
-def check_number(name: str, value: object, low: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite number ({what}), got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low} ({what}), got {value}")
-    return float(value)
 
 
 def check_model(model: object) -> nn.Module:

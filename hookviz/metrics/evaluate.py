@@ -11,11 +11,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from .._checks import int_at_least, number_at_least
+from .._modes import eval_mode
+from .._progress import progress_bar
 from ..inputs import model_device
 from ..methods.base import Attribution, get_method
-from ..record import _tqdm
-from ._checks import check_images, check_int, check_masks, check_model, check_number, class_scores
-from .faithfulness import Baseline, deletion, eval_mode, insertion
+from ._checks import check_images, check_masks, check_model, class_scores
+from .faithfulness import Baseline, deletion, insertion
 from .localisation import energy_in_mask, pointing_game
 from .sanity import sanity_check
 
@@ -134,45 +136,29 @@ def evaluate(
             ``masks`` (N, H, W) bool.
         target: ``"label"`` (the data's labels) or ``"predicted"`` (the model's top class).
         batch_size: images per explanation / forward pass.
-        progress: a tqdm bar (when tqdm is installed).
+        progress: a tqdm bar.
 
     Returns:
         An `Evaluation` (renders as a table in notebooks; ``.to_markdown()``).
     """
     check_model(model)
     pairs = _methods(methods, model)
-    for attr in ("images", "labels", "masks"):
-        if not hasattr(data, attr):
-            raise TypeError(f"data must have images, labels and masks (a hookviz.zoo.Shapes set), it lacks {attr!r}")
-    x = check_images(data.images, "data.images")
-    n = x.shape[0]
-    labels = data.labels
-    if not isinstance(labels, Tensor) or labels.shape != (n,) or labels.is_floating_point():
-        got = f"shape {tuple(labels.shape)}, {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"data.labels must be an (N,) = ({n},) integer tensor, got {got}")
-    masks = check_masks(data.masks, n, "data.masks")
+    x, labels, masks = _check_data(data)
     if target not in ("label", "predicted"):
         raise ValueError(f"target must be 'label' or 'predicted', got {target!r}")
-    steps = check_int("steps", steps, 1, "perturbation steps")
-    check_number("tolerance", tolerance, 0, "a distance in pixels")
-    sanity_n = check_int("sanity_n", sanity_n, 0, "images for the sanity check")
-    batch_size = check_int("batch_size", batch_size, 1, "images per forward pass")
+    steps = int_at_least("steps", steps, 1, "perturbation steps")
+    number_at_least("tolerance", tolerance, 0, "a distance in pixels")
+    sanity_n = int_at_least("sanity_n", sanity_n, 0, "images for the sanity check")
+    batch_size = int_at_least("batch_size", batch_size, 1, "images per forward pass")
     device = model_device(model)
     x, masks = x.to(device), masks.to(device)
-    with eval_mode(model), torch.no_grad():
-        logits = torch.cat([class_scores(model(c), c.shape[0]) for c in x.split(batch_size)])
-    classes = logits.shape[1]
-    t = logits.argmax(dim=1) if target == "predicted" else labels.to(device).long()
-    if ((t < 0) | (t >= classes)).any():
-        raise ValueError(f"data.labels must be classes of the model, 0..{classes - 1}; got {t.min()}..{t.max()}")
+    t = _targets(model, x, labels, target, batch_size)
     metrics = [m for m in METRICS if m != "sanity ρ" or sanity_n > 0]
-    tqdm = _tqdm() if progress else None
-    bar = tqdm(total=len(pairs) * 4, desc="evaluate", unit="step") if tqdm is not None else None
+    bar = progress_bar(total=len(pairs) * 4, enabled=progress, desc="evaluate", unit="step")
     scores: dict[str, dict[str, Tensor]] = {}
     try:
         for name, method in pairs:
-            if bar is not None:
-                bar.set_description(f"{name}: explain")
+            bar.set_description(f"{name}: explain")
             chunks = zip(x.split(batch_size), t.split(batch_size), strict=True)
             attr = torch.cat([method.attribute(xc, tc).detach() for xc, tc in chunks])
             s = {"pointing game": pointing_game(attr, masks, tolerance), "energy in mask": energy_in_mask(attr, masks)}
@@ -190,14 +176,37 @@ def evaluate(
             _tick(bar, None)
             scores[name] = {k: v.detach().cpu() for k, v in s.items()}
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     table = torch.tensor([[scores[name][m].nanmean().item() for m in metrics] for name, _ in pairs])
-    return Evaluation([name for name, _ in pairs], metrics, table, scores, n=n, steps=steps)
+    return Evaluation([name for name, _ in pairs], metrics, table, scores, n=x.shape[0], steps=steps)
+
+
+def _check_data(data: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """(images, labels, masks) of a data set with object masks, checked against each other."""
+    for attr in ("images", "labels", "masks"):
+        if not hasattr(data, attr):
+            raise TypeError(f"data must have images, labels and masks (a hookviz.zoo.Shapes set), it lacks {attr!r}")
+    x = check_images(data.images, "data.images")
+    n = x.shape[0]
+    labels = data.labels
+    if not isinstance(labels, Tensor) or labels.shape != (n,) or labels.is_floating_point():
+        got = f"shape {tuple(labels.shape)}, {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"data.labels must be an (N,) = ({n},) integer tensor, got {got}")
+    return x, labels, check_masks(data.masks, n, "data.masks")
+
+
+def _targets(model: nn.Module, x: Tensor, labels: Tensor, target: str, batch_size: int) -> Tensor:
+    """The (N,) classes explained: the labels, or the model's top classes (in eval mode, without a graph)."""
+    with eval_mode(model), torch.no_grad():
+        logits = torch.cat([class_scores(model(c), c.shape[0]) for c in x.split(batch_size)])
+    classes = logits.shape[1]
+    t = logits.argmax(dim=1) if target == "predicted" else labels.to(x.device).long()
+    if ((t < 0) | (t >= classes)).any():
+        raise ValueError(f"data.labels must be classes of the model, 0..{classes - 1}; got {t.min()}..{t.max()}")
+    return t
 
 
 def _tick(bar: Any, desc: str | None) -> None:
-    if bar is not None:
-        bar.update(1)
-        if desc is not None:
-            bar.set_description(desc)
+    bar.update(1)
+    if desc is not None:
+        bar.set_description(desc)

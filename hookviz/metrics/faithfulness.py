@@ -4,16 +4,17 @@ watch the target probability fall (or rise). Every step of every sample is one r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Literal, TypeAlias
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._checks import int_at_least
+from .._modes import eval_mode
 from ..inputs import model_device
-from ._checks import channel_sum, check_finite, check_images, check_int, check_model, class_scores, fit_maps
+from ._checks import channel_sum, check_finite, check_images, check_model, class_scores, fit_maps
 
 Baseline: TypeAlias = "Literal['zeros', 'blur'] | Tensor"
 CurveTarget: TypeAlias = "int | Sequence[int] | Tensor | Callable[[Tensor], Tensor] | None"
@@ -47,18 +48,6 @@ def blur(images: Tensor, size: int = BLUR_SIZE, sigma: float = BLUR_SIGMA) -> Te
     k = rise_kernel(size, sigma, device=images.device).to(images.dtype)
     x = F.pad(images, (p, p, p, p), mode="reflect")
     return F.conv2d(x, k.expand(c, 1, size, size), groups=c)
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode (no batch statistics mix the perturbed images), its flags restored on any exit."""
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, training in modes:
-            m.training = training
 
 
 def _check_target(target: object, n: int) -> Tensor | Callable[[Tensor], Tensor] | None:
@@ -133,8 +122,8 @@ def perturbation_curves(
     maps = channel_sum(attributions)
     if maps.shape[0] != n:
         raise ValueError(f"attributions hold {maps.shape[0]} maps for {n} images; expected one map per image")
-    steps = check_int("steps", steps, 1, "perturbation steps")
-    batch_size = check_int("batch_size", batch_size, 1, "images per forward pass")
+    steps = int_at_least("steps", steps, 1, "perturbation steps")
+    batch_size = int_at_least("batch_size", batch_size, 1, "images per forward pass")
     plan = _check_target(target, n)
     device = model_device(model)
     x = x.detach().to(device)

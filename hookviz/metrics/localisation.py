@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import channel_sum, check_masks, check_number, fit_maps
+from .._checks import number_at_least
+from ._checks import channel_sum, check_masks, fit_maps
 
 
 def _prepare(attributions: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
@@ -45,7 +46,7 @@ def pointing_game(attributions: Tensor, masks: Tensor, tolerance: float = 0) -> 
         (N,) float tensor of 1.0 (hit) and 0.0 (miss); NaN where a mask is empty. Every pixel at the maximum counts
         (ties: a hit when any of them is within the tolerance).
     """
-    tol = check_number("tolerance", tolerance, 0, "a distance in pixels")
+    tol = number_at_least("tolerance", tolerance, 0, "a distance in pixels")
     maps, m = _prepare(attributions, masks)
     peak = maps == maps.amax(dim=(1, 2), keepdim=True)
     hit = (peak & _dilate(m, tol)).flatten(1).any(dim=1).float()

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
+from .._checks import int_at_least
 from ..methods.base import Attribution
 from ..targets import TargetSpec, check_target
-from ._checks import check_int
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -197,7 +197,7 @@ def sanity_check(
         raise TypeError(f"method must be an Attribution instance (e.g. hookviz.GradCAM(model)), got {method!r}")
     if order not in ("cascade", "independent"):
         raise ValueError(f"order must be 'cascade' or 'independent', got {order!r}")
-    seed = check_int("seed", seed, 0, "the randomisation seed")
+    seed = int_at_least("seed", seed, 0, "the randomisation seed")
     x = method._check_inputs(images)  # errors before any work; attribute_with_targets checks it again (cheap)
     if check_target(target, x.shape[0]).multi:
         raise ValueError("target must give one class per input for sanity_check, got an (N, K) target")

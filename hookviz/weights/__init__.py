@@ -1,1 +1,0 @@
-"""Weights shipped with hookviz (data, not code): see `hookviz.zoo`."""
