@@ -14,9 +14,11 @@ from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFl
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
 from .methods import (
+    LRP,
     METHODS,
     RISE,
     Attribution,
+    Composite,
     Deconvnet,
     GradCAM,
     GradCAMPlusPlus,
@@ -27,6 +29,7 @@ from .methods import (
     IntegratedGradients,
     LayerCAM,
     Occlusion,
+    RelevanceAudit,
     ReLUCoverage,
     Saliency,
     ScoreCAM,
@@ -80,6 +83,9 @@ __all__ = [
     "InputXGradient",
     "IntegratedGradients",
     "LayerCAM",
+    "LRP",
+    "Composite",
+    "RelevanceAudit",
     "Occlusion",
     "RISE",
     "ReLUCoverage",

@@ -19,6 +19,7 @@ from .gradient import (
     Saliency,
 )
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
+from .lrp import LRP, Composite, RelevanceAudit
 from .noise import SmoothGrad, VarGrad
 from .perturbation import RISE, Occlusion, PerturbationAttribution
 
@@ -35,6 +36,9 @@ __all__ = [
     "InputGradientAttribution",
     "InputXGradient",
     "IntegratedGradients",
+    "LRP",
+    "Composite",
+    "RelevanceAudit",
     "LayerCAM",
     "Occlusion",
     "PerturbationAttribution",
