@@ -17,9 +17,11 @@ in-place ReLUs run out of place during the call.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from numbers import Real
 from typing import Any
 
 import torch
@@ -310,7 +312,8 @@ class DeepLiftShap(Attribution):
     (N, K, C, H, W) with K targets per input. ``last_delta``: (N, K) gap ``sum(A) - (y_c(x) - mean_b y_c(x'_b))``.
 
     Args:
-        baselines: a tensor (B, C, H, W) of B >= 1 baselines (e.g. images of a background data set).
+        baselines: a tensor (B, C, H, W) of B >= 1 baselines (e.g. images of a background data set), or a number:
+            one constant baseline (default 0.0, which makes it DeepLift with a zero baseline).
     """
 
     display_defaults = _SIGNED_DISPLAY
@@ -318,7 +321,7 @@ class DeepLiftShap(Attribution):
     def __init__(
         self,
         model: nn.Module,
-        baselines: Tensor,
+        baselines: Tensor | float = 0.0,
         *,
         multiply_by_inputs: bool = True,
         eval_mode: bool = True,
@@ -340,7 +343,7 @@ class DeepLiftShap(Attribution):
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         plan: TargetPlan = target
         n = x.shape[0]
-        b = self.baselines.detach().to(device=x.device, dtype=x.dtype)
+        b = distribution(self.baselines, x)
         nb = b.shape[0]
         if plan.indices is None and plan.fn is None:  # the top class of each input, not of each pair
             with torch.no_grad():
@@ -365,8 +368,15 @@ class DeepLiftShap(Attribution):
 
 
 def _check_distribution(baselines: object) -> None:
+    if isinstance(baselines, Real) and not isinstance(baselines, bool):
+        if not math.isfinite(baselines):
+            raise ValueError(f"baselines must be a finite number (one constant baseline), got {baselines!r}")
+        return
     if not isinstance(baselines, Tensor):
-        raise TypeError(f"baselines must be a tensor (B, ...) of B baselines, got {type(baselines).__name__}")
+        raise TypeError(
+            f"baselines must be a tensor (B, ...) of B baselines or a number (one constant baseline), got "
+            f"{type(baselines).__name__}"
+        )
     if not baselines.is_floating_point():
         raise TypeError(f"baselines must hold floating-point values, got dtype {baselines.dtype}")
     if baselines.dim() < 1 or baselines.shape[0] == 0:
@@ -376,8 +386,15 @@ def _check_distribution(baselines: object) -> None:
     check_finite(baselines, "baselines")
 
 
-def _check_distribution_shape(baselines: Tensor, x: Tensor) -> None:
-    if tuple(baselines.shape[1:]) != tuple(x.shape[1:]):
+def distribution(baselines: Tensor | float, x: Tensor) -> Tensor:
+    """The baselines (B, ...) on `x`'s device and dtype; a number is one constant baseline shaped like one input."""
+    if not isinstance(baselines, Tensor):
+        return torch.full((1, *x.shape[1:]), float(baselines), device=x.device, dtype=x.dtype)
+    return baselines.detach().to(device=x.device, dtype=x.dtype)
+
+
+def _check_distribution_shape(baselines: Tensor | float, x: Tensor) -> None:
+    if isinstance(baselines, Tensor) and tuple(baselines.shape[1:]) != tuple(x.shape[1:]):
         raise ValueError(
             f"baselines of shape {tuple(baselines.shape)} do not match the inputs' shape {tuple(x.shape)}: give B "
             f"baselines shaped like one input, (B, {', '.join(map(str, x.shape[1:]))})"

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..hooks import HookManager
 from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resolve_targets
 from .base import Attribution, register
-from .deeplift import _check_distribution, _check_distribution_shape
+from .deeplift import _check_distribution, _check_distribution_shape, distribution
 from .gradient import _SIGNED_DISPLAY, _check_int
 
 
@@ -41,7 +41,7 @@ class GradientShap(Attribution):
     (N, K, C, H, W) with K targets per input. Cost: N * n_samples rows forward and backward, one pass.
 
     Args:
-        baselines: a tensor (B, C, H, W) of B >= 1 baselines.
+        baselines: a tensor (B, C, H, W) of B >= 1 baselines, or a number: one constant baseline (default 0.0).
         n_samples: draws per input (>= 1).
         stdevs: standard deviation of the Gaussian noise added to the inputs (0: none).
         generator: the `torch.Generator` (CPU) every draw comes from (None: torch's global generator).
@@ -54,7 +54,7 @@ class GradientShap(Attribution):
     def __init__(
         self,
         model: nn.Module,
-        baselines: Tensor,
+        baselines: Tensor | float = 0.0,
         *,
         n_samples: int = 5,
         stdevs: float = 0.0,
@@ -87,7 +87,7 @@ class GradientShap(Attribution):
             with torch.no_grad():
                 at_x = resolve_targets(plan, self.model(x), n)
             plan = TargetPlan(at_x.indices.cpu(), None, plan.multi)  # type: ignore[union-attr]
-        b = self.baselines.detach().to(device=x.device, dtype=x.dtype)
+        b = distribution(self.baselines, x)
         idx, alpha, noise = draw(n, s, b.shape[0], tuple(x.shape[1:]), self.stdevs, self.generator)
         rows = torch.arange(n).repeat_interleave(s)
         dev = x.device
