@@ -460,3 +460,21 @@ def test_registry_names() -> None:
         cls = hv.get_method(f"lrp-{name}")
         lrp = cls(_bias_free())
         assert isinstance(lrp, hv.LRP) and lrp.composite.name == name
+
+
+def test_cli_explain_and_visualize_with_diverging_map(tmp_path, capsys) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from hookviz.cli import main
+
+    img = tmp_path / "img.png"
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(img)
+    model_path = tmp_path / "model.pt"
+    torch.save(_bias_free(), model_path)
+    out = tmp_path / "fig.png"
+    args = ["explain", str(img), "--model", str(model_path), "--method", "lrp-epsilon-plus-flat,deeplift"]
+    assert main([*args, "--size", "32", "--out", str(out), "--dpi", "40"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    expl = hv.LRP(_bias_free()).visualize(torch.randn(1, 3, 8, 8), target=1)
+    assert expl.display["cmap"] == "bwr" and expl.display["reduce"] == "sum"  # signed relevance, 0 in the middle
