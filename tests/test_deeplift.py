@@ -211,3 +211,27 @@ def test_bad_input_and_restore() -> None:
     hv.DeepLift(model).attribute(x, 0)
     assert relu.inplace and sum(hook_counts(model).values()) == 0
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
+
+
+class _InPlaceFunctional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        h = F.relu(h, inplace=True)  # as torchvision's GoogLeNet / Inception BasicConv2d
+        h = self.b(h)
+        return torch.relu_(h)
+
+
+def test_in_place_functional_relu() -> None:
+    torch.manual_seed(0)
+    model = _InPlaceFunctional().eval()
+    x, base = torch.randn(3, 4), torch.randn(1, 4)
+    dl = hv.DeepLift(model, base)
+    attr = dl.attribute(x, 1)
+    delta = (model(x) - model(base))[:, 1].detach()
+    torch.testing.assert_close(attr.sum(1), delta, rtol=1e-4, atol=1e-6)
+    assert dl.coverage["functional"] == {"F.relu": 1, "torch.relu_": 1}

@@ -81,21 +81,22 @@ class _RescaleFn(torch.autograd.Function):
     """Output: ``f(t)``; backward: the rescale multiplier, the derivative where the input difference vanishes."""
 
     @staticmethod
-    def forward(ctx: Any, t: Tensor, y: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def forward(ctx: Any, t: Tensor, y: Tensor, fn: Callable[[Tensor], Tensor], copy: bool = False) -> Tensor:
         ctx.fn = fn
-        ctx.save_for_backward(t.detach(), y.detach())
+        # an in-place call overwrites t afterwards: keep a copy of its values then
+        ctx.save_for_backward(t.detach().clone() if copy else t.detach(), y.detach())
         return y.clone()
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:
         t, y = ctx.saved_tensors
         d_in, d_out = _halves(t), _halves(y)
         with torch.enable_grad():
             tr = t.detach().requires_grad_(True)
             (plain,) = torch.autograd.grad(ctx.fn(tr), tr, g)
         small = d_in.abs() < _EPS
-        return torch.where(small, plain, g * d_out / torch.where(small, torch.ones_like(d_in), d_in)), None, None
+        return torch.where(small, plain, g * d_out / torch.where(small, torch.ones_like(d_in), d_in)), None, None, None
 
 
 class _MaxPoolFn(torch.autograd.Function):
@@ -147,7 +148,7 @@ class _Functional(TorchFunctionMode):
         base = _OUT_OF_PLACE.get(func, func)
         rest = {k: v for k, v in kwargs.items() if k != "inplace"}
         other = args[1:]
-        y = _RescaleFn.apply(x, base(*args, **rest).detach(), lambda t: base(t, *other, **rest))
+        y = _RescaleFn.apply(x, base(*args, **rest).detach(), lambda t: base(t, *other, **rest), inplace)
         return x.copy_(y) if inplace else y
 
 
