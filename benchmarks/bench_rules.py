@@ -122,16 +122,25 @@ def main() -> None:
         model = make_model(model_name)
         x = torch.randn(1, 3, args.size, args.size, generator=torch.Generator().manual_seed(0))
         fns = {row: build(row, model_name, model) for row in ROWS}
-        for fn in fns.values():  # warm-up
-            fn(x)
-        times: dict[str, list[float]] = {row: [] for row in ROWS}
+        failed: dict[str, str] = {}
+        for row, fn in list(fns.items()):  # warm-up; a peer that cannot explain the model gets a note, not a time
+            try:
+                fn(x)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                failed[row] = f"{type(exc).__name__}: {str(exc)[:90]}"
+                del fns[row]
+        for row, why in failed.items():
+            results.append({"model": model_name, "row": row, "ms": None, "x_floor": None, "peak_mib": None,
+                            "n": 1, "error": why})  # fmt: skip
+            print(f"{model_name:10s} {row:18s} failed: {why}", flush=True)
+        times: dict[str, list[float]] = {row: [] for row in fns}
         for _ in range(args.repeats):
             for row, fn in fns.items():
                 t = time.perf_counter()
                 fn(x)
                 times[row].append((time.perf_counter() - t) * 1000)
         floor = statistics.median(times["floor"])
-        for row in ROWS:
+        for row in fns:
             med = statistics.median(times[row])
             mem = None if args.no_memory else peak(row, model_name, args)
             results.append(
@@ -156,6 +165,9 @@ def main() -> None:
     ]
     for r in results:
         mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        if r["ms"] is None:
+            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - |")
+            continue
         lines.append(f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} |")
     Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
 

@@ -70,6 +70,16 @@ ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
     Tensor.add_: "+=",
     Tensor.__radd__: "+",
 }
+# elementwise affine maps by a constant (input normalization inside a forward, scaling): relevance passes unchanged,
+# as through a folded BatchNorm; a product of two tensors that both need a gradient (gating) has no rule
+AFFINE_FUNCTIONS: dict[Callable[..., Any], str] = {
+    Tensor.sub: "-",
+    torch.sub: "torch.sub",
+    Tensor.div: "/",
+    torch.div: "torch.div",
+    Tensor.mul: "*",
+    torch.mul: "torch.mul",
+}
 # operations whose plain gradient is a correct relevance rule: reshaping, routing, selection, copies
 _NEUTRAL = {
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t", "contiguous",
@@ -208,6 +218,10 @@ class _Functional(TorchFunctionMode):
         if func in POOL_FUNCTIONS:
             return run.pool(func, args, kwargs)
         out = func(*args, **kwargs)
+        if func in AFFINE_FUNCTIONS and isinstance(out, Tensor):
+            grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
+                return _PassFn.apply(grads[0], out.detach())
         if _name(func) not in _NEUTRAL and any(isinstance(a, Tensor) and a.requires_grad for a in args):
             run.uncovered[_name(func)] += 1
         return out
