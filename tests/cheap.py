@@ -18,12 +18,13 @@ CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
     "integrated-gradients": {"steps": 4},
     "occlusion": {"window": (2, 2)},
     "rise": {"n_masks": 8, "cell": 2},
+    "gradient-shap": {"n_samples": 2},
 }
 
 
 def cheap_method(name: str, model: nn.Module, **options: Any) -> hv.Attribution:
     """The registered method `name` on `model`, with cheap options (overridden by `options`)."""
     kwargs = {**CHEAP_OPTIONS.get(name, {}), **options}
-    if name in ("smoothgrad", "vargrad") and "generator" not in kwargs:
+    if name in ("smoothgrad", "vargrad", "gradient-shap") and "generator" not in kwargs:
         kwargs["generator"] = torch.Generator().manual_seed(0)
     return hv.get_method(name)(model, **kwargs)

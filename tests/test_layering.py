@@ -49,6 +49,7 @@ LAYERS: list[str] = [
     "hookviz.methods.perturbation",
     "hookviz.methods.lrp.*",
     "hookviz.methods.deeplift",
+    "hookviz.methods.shap",
     "hookviz.methods",
     "hookviz.interventions.*",
     # recorders and the gradient-flow monitor

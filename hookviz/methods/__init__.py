@@ -12,6 +12,7 @@ from .cam import (
     XGradCAM,
 )
 from .cam_layer import choose_layer
+from .deeplift import DeepLift, DeepLiftShap
 from .gradient import (
     InputGradientAttribution,
     InputXGradient,
@@ -19,22 +20,30 @@ from .gradient import (
     Saliency,
 )
 from .guided import Deconvnet, GuidedBackprop, ReLUCoverage, ReLURuleAttribution
+from .lrp import LRP, Composite, RelevanceAudit
 from .noise import SmoothGrad, VarGrad
 from .perturbation import RISE, Occlusion, PerturbationAttribution
+from .shap import GradientShap
 
 __all__ = [
     "METHODS",
     "Attribution",
     "CAMAttribution",
     "Deconvnet",
+    "DeepLift",
+    "DeepLiftShap",
     "GradCAM",
     "GradCAMPlusPlus",
+    "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
     "HiResCAM",
     "InputGradientAttribution",
     "InputXGradient",
     "IntegratedGradients",
+    "LRP",
+    "Composite",
+    "RelevanceAudit",
     "LayerCAM",
     "Occlusion",
     "PerturbationAttribution",

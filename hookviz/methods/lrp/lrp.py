@@ -1,0 +1,174 @@
+"""`LRP`: Layer-wise Relevance Propagation over the attribution life cycle (one forward, one backward pass)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...hooks import HookManager
+from ...targets import BackwardStrategy, Targets, batched_grad, resolve_targets
+from ..base import Attribution, register
+from .audit import RelevanceAudit
+from .composites import (
+    ACTIVATIONS,
+    AVG_POOLS,
+    BATCH_NORMS,
+    COMPOSITES,
+    GRADIENT_LAYERS,
+    LINEAR_LAYERS,
+    Composite,
+    composite,
+)
+from .propagate import LRPRun
+from .rules import ZBox, check_bound
+
+# Signed relevance: sum the channels, keep 0 at the middle of a diverging colour map.
+_RELEVANCE_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay": False}
+
+
+class LRP(Attribution):
+    r"""Layer-wise Relevance Propagation (Bach et al., 2015, "On Pixel-Wise Explanations for Non-Linear Classifier
+    Decisions by Layer-Wise Relevance Propagation", PLoS ONE 10(7); composites after Montavon et al., 2019,
+    "Layer-Wise Relevance Propagation: An Overview", and Kohlbrenner et al., 2020, arXiv:1910.09840).
+
+    The relevance starts as the target's score f_c(x) at the output (captum's convention) and is propagated back
+    layer by layer with the composite's rules (zennit's formulas and defaults, see `hookviz.methods.lrp.rules`);
+    where every rule conserves, the input relevance sums to f_c(x). Result: float32 input relevance shaped like the
+    input (N, C, H, W); (N, K, C, H, W) with K targets per input (one forward pass, K backward passes).
+
+    Args:
+        composite: a name (``"epsilon"``, ``"epsilon-plus"``, ``"epsilon-plus-flat"`` (default),
+            ``"epsilon-alpha2-beta1"``, ``"epsilon-alpha2-beta1-flat"``, ``"epsilon-gamma-box"``) or a `Composite`.
+        canonize: fold BatchNorm into the preceding layer and split branch additions with the Norm rule, found at
+            run time (zennit's ``ResNetCanonizer`` / ``VGGCanonizer`` without writing one per architecture).
+        epsilon: LRP-epsilon's stabilizer (fully connected layers); gamma: the gamma rule's factor; low / high: the
+            input bounds of the ZBox first layer of ``"epsilon-gamma-box"`` (numbers or tensors broadcasting to
+            the input, e.g. (1, 3, 1, 1)).
+
+    After each call ``self.audit`` (a `RelevanceAudit`) lists, per layer call, the relevance that entered and left,
+    and the conservation ratio input relevance / f_c(x). A warning names functional operations in the forward pass
+    that no rule covers. A layer with parameters that the composite does not map raises `ValueError` before any work.
+
+    Example::
+
+        lrp = LRP(model, "epsilon-plus-flat")
+        rel = lrp.attribute(x, target=281)      # (N, 3, H, W), sums to about model(x)[:, 281]
+        print(lrp.audit)
+    """
+
+    display_defaults = _RELEVANCE_DISPLAY
+
+    def __init__(
+        self,
+        model: nn.Module,
+        composite: str | Composite = "epsilon-plus-flat",
+        *,
+        canonize: bool = True,
+        epsilon: float = 1e-6,
+        gamma: float = 0.25,
+        low: float | Tensor | None = None,
+        high: float | Tensor | None = None,
+        eval_mode: bool = True,
+        backward: BackwardStrategy = "auto",
+    ) -> None:
+        super().__init__(model, eval_mode=eval_mode, backward=backward)
+        if not isinstance(canonize, bool):
+            raise TypeError(f"canonize must be True or False, got {type(canonize).__name__} {canonize!r}")
+        if isinstance(composite, str):
+            comp = _named_composite(composite, epsilon=epsilon, gamma=gamma, low=low, high=high)
+        elif isinstance(composite, Composite):
+            comp = composite
+        else:
+            raise TypeError(f"composite must be a composite name or a Composite, got {type(composite).__name__}")
+        comp.resolve_names(model)  # selectors that match nothing fail here
+        _check_mapped(model, comp)
+        self.composite = comp
+        self.canonize = canonize
+        self.audit: RelevanceAudit | None = None
+
+    def __repr__(self) -> str:
+        return f"LRP({type(self.model).__name__}, composite={self.composite.name!r})"
+
+    def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
+        for _, rule in (*self.composite.first_map, *self.composite.type_map, *self.composite.name_map):
+            if isinstance(rule, ZBox):
+                check_bound(rule.low, x.shape, "low")
+                check_bound(rule.high, x.shape, "high")
+        self.audit = None
+        return super()._explain(x, target, **kwargs)
+
+    def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
+        run = LRPRun(self.model, self.composite, hooks, self.canonize)
+        run.place_hooks()
+        leaf = x.detach().requires_grad_(True)
+        with run.forward_pass():
+            output = self.model(leaf)
+        targets = resolve_targets(target, output, x.shape[0])
+        scores = targets.scores
+        # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it.
+        # K targets run K backward passes: the rules' custom backward functions do not batch under vmap.
+        (relevance,) = batched_grad(scores * scores.detach(), [leaf], strategy="loop")
+        start = scores.detach().sum(1)
+        total = relevance.detach().flatten(2).sum(2).sum(1)
+        self.audit = RelevanceAudit(start=start, total=total, entries=list(run.entries))
+        return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
+
+
+def _named_composite(name: str, **kwargs: Any) -> Composite:
+    if name not in COMPOSITES:
+        raise ValueError(f"unknown LRP composite {name!r}; valid composites: {', '.join(COMPOSITES)}")
+    return composite(name, **kwargs)
+
+
+def _check_mapped(model: nn.Module, comp: Composite) -> None:
+    """`ValueError` naming the layers with parameters that no rule of `comp` covers (their relevance would be the
+    plain gradient, silently)."""
+    named = comp.resolve_names(model)
+    known = (*ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
+    missing = []
+    for name, module in model.named_modules():
+        if module in named or isinstance(module, known):
+            continue
+        has_own_params = any(True for _ in module.parameters(recurse=False))
+        if not has_own_params:
+            continue
+        first = isinstance(module, LINEAR_LAYERS)
+        if comp.by_type(module, first=first) is None and comp.by_type(module, first=False) is None:
+            missing.append(f"{name or '(model)'} ({type(module).__name__})")
+    if missing:
+        shown = ", ".join(missing[:8]) + (f", and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(
+            f"LRP composite {comp.name!r} has no rule for these layers with parameters: {shown}; add them to a "
+            "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())]))"
+        )
+
+
+register("lrp")(LRP)
+
+
+def _imagenet_bounds() -> tuple[Tensor, Tensor]:
+    from ...inputs import IMAGENET
+
+    mean = torch.tensor(IMAGENET.mean).view(1, -1, 1, 1)
+    std = torch.tensor(IMAGENET.std).view(1, -1, 1, 1)
+    return (0 - mean) / std, (1 - mean) / std
+
+
+def _register_composite(name: str) -> type[LRP]:
+    """``lrp-<composite>`` in the registry (CLI ``--method``): `LRP` with that composite by default; the ZBox
+    bounds of ``epsilon-gamma-box`` default to ImageNet-normalized pixels [0, 1]."""
+
+    def __init__(self: LRP, model: nn.Module, composite: str | Composite = name, **kwargs: Any) -> None:
+        if composite == "epsilon-gamma-box" and kwargs.get("low") is None and kwargs.get("high") is None:
+            kwargs["low"], kwargs["high"] = _imagenet_bounds()
+        LRP.__init__(self, model, composite, **kwargs)
+
+    cls = type("LRP", (LRP,), {"__init__": __init__, "__doc__": f"`LRP` with composite {name!r} by default."})
+    cls.__qualname__ = f"LRP[{name}]"
+    return register(f"lrp-{name}")(cls)  # type: ignore[return-value]
+
+
+for _name in COMPOSITES:
+    _register_composite(_name)

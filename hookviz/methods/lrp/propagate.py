@@ -1,0 +1,419 @@
+"""One LRP forward pass: rules attached to each layer call, canonization found at run time.
+
+How (one forward, one backward): a forward hook on every layer with a rule replaces the layer's output by the
+output of a small `torch.autograd.Function` that keeps the layer's input (and, for rules that read it, its output)
+and whose backward *is* the rule: the relevance at the output comes in as the incoming gradient, the relevance at
+the input goes out. Nothing re-runs a layer to compute its own output again; rules with modified weights (z+, gamma,
+alpha-beta) compute their modified terms from the stored input in the backward pass.
+
+Canonization without hand-written canonizers (zennit needs ``ResNetCanonizer`` / ``VGGCanonizer``):
+
+- BatchNorm folded into the preceding layer for the call only: when a BatchNorm (eval mode) receives exactly the
+  output of a convolution or linear layer, the rule is applied to the folded layer ``W' = W s``,
+  ``b' = (b - mean) s + beta`` (zennit's ``MergeBatchNorm``); the model's parameters are never written;
+- additions of two branches (``a + b``, ``torch.add``, ``a += b``, ``a.add_(b)``) in a ``forward`` are seen by a
+  `torch.overrides.TorchFunctionMode` active only during this call's forward pass (the mechanism the ReLU rules use
+  for ``F.relu``) and split with the composite's sum rule (`Norm`), as zennit's ``Sum`` module after canonizing;
+- functional activations (``F.relu``, ``torch.sigmoid``, ...) pass relevance through like activation modules, and
+  functional average pooling gets `Norm`.
+
+Functional operations that no rule covers (``F.conv2d`` called directly, ``torch.matmul``, ...) are counted by name
+and reported in a warning after the forward pass: their relevance is their plain gradient.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+from torch.overrides import TorchFunctionMode
+
+from ...hooks import HookManager
+from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
+from ..scope import acting, current_call
+from .audit import AuditEntry
+from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
+
+ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
+    **RELU_FUNCTIONS,
+    **OTHER_ACTIVATION_FUNCTIONS,
+    torch.sigmoid: "torch.sigmoid",
+    Tensor.sigmoid: "Tensor.sigmoid",
+    torch.tanh: "torch.tanh",
+    Tensor.tanh: "Tensor.tanh",
+    F.elu: "F.elu",
+    F.softplus: "F.softplus",
+    F.mish: "F.mish",
+}
+_INPLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu, F.leaky_relu_: F.leaky_relu}
+POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
+    F.avg_pool1d: "F.avg_pool1d",
+    F.avg_pool2d: "F.avg_pool2d",
+    F.avg_pool3d: "F.avg_pool3d",
+    F.adaptive_avg_pool1d: "F.adaptive_avg_pool1d",
+    F.adaptive_avg_pool2d: "F.adaptive_avg_pool2d",
+    F.adaptive_avg_pool3d: "F.adaptive_avg_pool3d",
+    torch.mean: "torch.mean",
+    Tensor.mean: "Tensor.mean",
+}
+ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
+    Tensor.add: "+",
+    torch.add: "torch.add",
+    Tensor.add_: "+=",
+    Tensor.__radd__: "+",
+}
+# elementwise affine maps by a constant (input normalization inside a forward, scaling): relevance passes unchanged,
+# as through a folded BatchNorm; a product of two tensors that both need a gradient (gating) has no rule
+AFFINE_FUNCTIONS: dict[Callable[..., Any], str] = {
+    Tensor.sub: "-",
+    torch.sub: "torch.sub",
+    Tensor.div: "/",
+    torch.div: "torch.div",
+    Tensor.mul: "*",
+    torch.mul: "torch.mul",
+}
+# operations whose plain gradient is a correct relevance rule: reshaping, routing, selection, copies
+_NEUTRAL = {
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t", "contiguous",
+    "__getitem__", "cat", "concat", "concatenate", "stack", "squeeze", "unsqueeze", "split", "chunk", "unbind",
+    "expand", "expand_as", "clone", "to", "float", "double", "half", "type", "detach", "dropout", "max_pool1d",
+    "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "movedim", "narrow", "select", "roll",
+    "flip", "pad", "__get__", "size", "dim", "numel", "requires_grad_", "cpu", "cuda", "__setitem__", "copy_",
+    "identity", "repeat", "tile", "squeeze_", "unsqueeze_", "view_as_real", "index_select", "gather",
+}  # fmt: skip
+
+
+class _Call:
+    """One rule application in the forward pass, kept for its backward (and the audit)."""
+
+    __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x")
+
+    def __init__(self, entry: AuditEntry, rule: Rule, x: Tensor, z: Tensor | None) -> None:
+        self.entry = entry
+        self.rule = rule
+        self.layer: Affine | None = None
+        self.x = x
+        self.z = z
+        self.fn: Callable[[Tensor], Tensor] | None = None
+        self.version = x._version
+        self.others: tuple[Tensor, ...] = ()
+        self.graph_x: Tensor | None = None  # the input as the graph has it (for folding a BatchNorm in later)
+
+    def input(self) -> Tensor:
+        if self.x._version != self.version:
+            raise RuntimeError(
+                f"LRP: the input of {self.entry.name!r} was modified in place after the layer read it, so its rule "
+                "cannot be evaluated; make the in-place operation that follows it out of place"
+            )
+        return self.x
+
+
+def _audit(call: _Call, r: Tensor, r_in: Tensor) -> None:
+    call.entry.add(r.detach().flatten(1).sum(1), r_in.detach().flatten(1).sum(1))
+
+
+class _LinearFn(torch.autograd.Function):
+    """Output: the layer's output; backward: the layer's LRP rule."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
+        ctx.call = call
+        return z.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
+        call = ctx.call
+        rule = call.rule
+        assert isinstance(rule, LinearRule) and call.layer is not None
+        r_in = rule.relevance(call.layer, call.input(), call.z, r)
+        _audit(call, r, r_in)
+        return r_in, None, None
+
+
+class _NormFn(torch.autograd.Function):
+    """Output: a parameter-free linear op's output (pooling); backward: `Norm`, the op's transpose from its input."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
+        ctx.call = call
+        return z.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
+        call = ctx.call
+        x, z = call.input(), call.z
+        assert call.fn is not None and z is not None and isinstance(call.rule, Norm)
+        s = r / stabilize(z, call.rule.stabilizer)
+        with torch.enable_grad():
+            xr = x.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(call.fn(xr), xr, s)
+        r_in = x * g
+        _audit(call, r, r_in)
+        return r_in, None, None
+
+
+class _SumFn(torch.autograd.Function):
+    """Output: ``a + b``; backward: `Norm` over the two branches, ``R_a = a R / stab(a + b)`` (zennit's ``Sum``)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor, call: _Call) -> Tensor:
+        ctx.call = call
+        return call.z.clone()  # type: ignore[union-attr]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
+        call = ctx.call
+        a, b = call.input(), call.others[0]
+        assert isinstance(call.rule, Norm) and call.z is not None
+        s = r / stabilize(call.z, call.rule.stabilizer)
+        ra, rb = a * s, b * s
+        _audit(call, r, ra + rb)
+        return ra, rb, None
+
+
+class _PassFn(torch.autograd.Function):
+    """Output: an elementwise layer's output; backward: the relevance passed through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, z: Tensor) -> Tensor:
+        return z.clone()
+
+    @staticmethod
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
+        return r, None
+
+
+def _name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", repr(func))
+
+
+class _Functional(TorchFunctionMode):
+    """Additions, functional activations and pooling outside hooked layers get rules; other ops are counted."""
+
+    def __init__(self, run: LRPRun) -> None:
+        super().__init__()
+        self.run = run
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        run = self.run
+        if run.depth > 0 or not acting(run.call):
+            return func(*args, **kwargs)
+        if func in ADD_FUNCTIONS:
+            return run.add(func, args, kwargs)
+        if func in ACTIVATION_FUNCTIONS:
+            return run.activation(func, args, kwargs)
+        if func in POOL_FUNCTIONS:
+            return run.pool(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if func in AFFINE_FUNCTIONS and isinstance(out, Tensor):
+            grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
+                return _PassFn.apply(grads[0], out.detach())
+        if _name(func) not in _NEUTRAL and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+            run.uncovered[_name(func)] += 1
+        return out
+
+
+class LRPRun:
+    """State of one LRP forward pass: hooks on the layers, the functional mode, the calls for the audit."""
+
+    def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool) -> None:
+        self.model = model
+        self.composite = composite
+        self.hooks = hooks
+        self.canonize = canonize
+        self.call = current_call()
+        self.named = composite.resolve_names(model)
+        self.in_forward = False
+        self.depth = 0
+        self.first_done = False
+        self.entries: list[AuditEntry] = []
+        self.counts: Counter[str] = Counter()
+        self.uncovered: Counter[str] = Counter()
+        self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+
+    def acting(self) -> bool:
+        return self.in_forward and acting(self.call)
+
+    # -- module hooks -------------------------------------------------------------------------------------------
+    def place_hooks(self) -> None:
+        handled = (*LINEAR_LAYERS, *ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
+
+        def selected(name: str, module: nn.Module) -> bool:
+            return module is not self.model and (isinstance(module, handled) or module in self.named)
+
+        # the rules of elementwise layers need their input intact: in-place activations run out of place
+        self.hooks.out_of_place(m for m in self.model.modules() if isinstance(m, ACTIVATIONS))
+
+        def enter(module: nn.Module, args: tuple) -> None:
+            if self.acting():
+                self.depth += 1
+
+        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+            if not self.acting():
+                return None
+            try:
+                return self.module_rule(name, module, args, output)
+            finally:
+                self.depth -= 1
+
+        if any(selected(n, m) for n, m in self.model.named_modules()):
+            self.hooks.forward_pre(selected, enter)
+            self.hooks.forward(selected, leave, with_name=True, always_call=True)
+
+    def entry(self, name: str, rule: Rule) -> AuditEntry:
+        self.counts[name] += 1
+        k = self.counts[name]
+        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name)
+        self.entries.append(e)
+        return e
+
+    def rule_for(self, module: nn.Module) -> Rule | None:
+        rule = self.named.get(module)
+        is_linear = isinstance(module, LINEAR_LAYERS)
+        if rule is None:
+            rule = self.composite.by_type(module, first=is_linear and not self.first_done)
+        if is_linear:
+            self.first_done = True
+        return rule
+
+    def module_rule(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+        rule = self.rule_for(module)
+        x = args[0] if args else None
+        if (
+            rule is None
+            or isinstance(rule, Gradient)
+            or not isinstance(x, Tensor)
+            or not isinstance(output, Tensor)
+            or not x.requires_grad
+        ):
+            return None
+        if isinstance(module, BATCH_NORMS) and self.canonize:
+            folded = self.fold(name, module, x, output)
+            if folded is not None:
+                return folded
+        if isinstance(rule, LinearRule):
+            if not hasattr(module, "weight"):
+                raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
+            call = _Call(self.entry(name, rule), rule, x.detach(), output.detach() if rule.needs_output else None)
+            call.layer = Affine.of(module)
+            call.graph_x = x
+            out = _LinearFn.apply(x, output.detach(), call)
+            self.produced[id(out)] = (out, call)
+            return out
+        if isinstance(rule, Norm):
+            call = _Call(self.entry(name, rule), rule, x.detach(), output.detach())
+            call.fn = module.forward  # no hooks in the backward pass
+            return _NormFn.apply(x, output.detach(), call)
+        if isinstance(rule, Pass):
+            if output.shape != x.shape:
+                raise ValueError(
+                    f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
+                    f"{tuple(x.shape)} to {tuple(output.shape)}"
+                )
+            return _PassFn.apply(x, output.detach())
+        raise TypeError(f"LRP: rule {rule!r} cannot be applied to {type(module).__name__} {name!r}")
+
+    def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
+        """The output of `bn` as the output of the preceding linear layer with `bn` folded in, if `x` is exactly
+        that layer's output (and `bn` normalizes with running statistics); else None."""
+        found = self.produced.get(id(x))
+        if found is None or found[0] is not x or bn.training or bn.running_var is None:
+            return None
+        prev = found[1]
+        call = _Call(prev.entry, prev.rule, prev.x, output.detach() if prev.rule.needs_output else None)
+        call.version = prev.version
+        assert prev.layer is not None
+        call.layer = prev.layer.folded(bn)
+        prev.entry.name += f" + {name}"
+        assert prev.graph_x is not None
+        call.graph_x = prev.graph_x
+        out = _LinearFn.apply(prev.graph_x, output.detach(), call)
+        self.produced[id(out)] = (out, call)
+        return out
+
+    # -- functional operations ------------------------------------------------------------------------------------
+    def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        a = args[0] if args else kwargs.get("input")
+        b = args[1] if len(args) > 1 else kwargs.get("other")
+        alpha = kwargs.get("alpha", 1)
+        if func is Tensor.__radd__:
+            a, b = b, a
+        if not (
+            isinstance(a, Tensor)
+            and isinstance(b, Tensor)
+            and a.requires_grad
+            and b.requires_grad
+            and a.shape == b.shape
+            and alpha == 1
+            and len(args) <= 2
+        ):
+            return func(*args, **kwargs)
+        inplace = func is Tensor.add_
+        rule = self.composite.sum_rule
+        name = ADD_FUNCTIONS[func]
+        call = _Call(self.entry(name, rule), rule, a.detach().clone() if inplace else a.detach(), None)
+        call.others = (b.detach(),)
+        call.z = (call.x + call.others[0]).detach()
+        out = _SumFn.apply(a, b, call)
+        if inplace:
+            return a.copy_(out)
+        return out
+
+    def activation(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, Tensor) or not x.requires_grad:
+            return func(*args, **kwargs)
+        inplace = func in _INPLACE or bool(kwargs.get("inplace", False))
+        if not inplace:
+            return _PassFn.apply(x, func(*args, **kwargs).detach())
+        base = _INPLACE.get(func, func)
+        rest = {k: v for k, v in kwargs.items() if k != "inplace"}
+        out = base(*args, **rest).detach()
+        return x.copy_(_PassFn.apply(x, out))
+
+    def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, Tensor) or not x.requires_grad:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        rule = self.composite.sum_rule
+        call = _Call(self.entry(POOL_FUNCTIONS[func], rule), rule, x.detach(), out.detach())
+        rest = args[1:]
+        call.fn = lambda t: func(t, *rest, **kwargs)
+        return _NormFn.apply(x, out.detach(), call)
+
+    @contextmanager
+    def forward_pass(self) -> Iterator[None]:
+        """The functional mode around the forward pass only, undone in ``finally``; warns afterwards about
+        functional operations no rule covered."""
+        self.in_forward = True
+        try:
+            with _Functional(self):
+                yield
+        finally:
+            self.in_forward = False
+            self.depth = 0
+            for _, call in self.produced.values():
+                call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
+            self.produced.clear()
+        if self.uncovered:
+            ops = ", ".join(f"{n} x{c}" for n, c in self.uncovered.most_common(8))
+            warnings.warn(
+                f"LRP: functional operations with no relevance rule ran in the forward pass of "
+                f"{type(self.model).__name__}: {ops}; relevance passes through their plain gradient (see .audit)",
+                stacklevel=6,
+            )
