@@ -200,3 +200,38 @@ def test_watch_a_submodule_called_directly(tmp_path) -> None:
         fit(Direct(net()), callback, tmp_path, steps=2)
     last = callback.history[-1][1]
     assert "flow/grad_norm/conv1" in last and "flow/act_norm/relu" in last
+
+
+def fit_precision(tmp_path, precision: str, accelerator: str = "cpu") -> GradientFlowCallback:
+    callback = GradientFlowCallback(every=1)
+    trainer = pl.Trainer(
+        max_steps=2,
+        accelerator=accelerator,
+        devices=1,
+        precision=precision,
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(ShapesModule(net()), data())
+    return callback
+
+
+def test_bf16_autocast_needs_no_scaler_and_matches_float32(tmp_path) -> None:
+    ref = reference_norms()
+    callback = fit_precision(tmp_path, "bf16-mixed")
+    assert callback.flow.scaler is None and callback.alarms == []
+    for step, metrics in callback.history:
+        assert math.isclose(metrics["flow/grad_norm/net.conv1"], ref["conv1"][step], rel_tol=0.05)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 with a GradScaler needs CUDA (none on this machine)")
+def test_fp16_with_the_precision_plugins_scaler_reads_unscaled_gradients(tmp_path) -> None:
+    callback = fit_precision(tmp_path, "16-mixed", accelerator="gpu")
+    assert callback.flow.scaler is not None and callback.alarms == []
+    ref = reference_norms()
+    # Lightning unscales before on_before_optimizer_step: the norms carry no loss scale (65536 at the start)
+    assert math.isclose(callback.history[0][1]["flow/grad_norm/net.conv1"], ref["conv1"][0], rel_tol=0.05)
