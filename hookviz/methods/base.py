@@ -1,9 +1,9 @@
 """The life cycle every attribution method shares (template method).
 
-``attribute(x, target)``: check the target spec and the input -> prepare the model (eval mode, parameters frozen,
-grad enabled even under ``torch.no_grad()``, hooks placed through one `HookManager`) -> one forward pass -> the
-(N, K) target scores -> one batched backward pass -> restore the model exactly as it was, in a ``finally``.
-Subclasses implement `_run` (and usually only a one-line rule inside it).
+``attribute(x, target)``: check the target spec and the input -> prepare the model (eval mode, under the model's
+lock: one call per model at a time, see `scope`; grad enabled even under ``torch.no_grad()``, hooks placed through
+one `HookManager`) -> one forward pass -> the (N, K) target scores -> one batched backward pass -> restore the
+model exactly as it was, in a ``finally``. Subclasses implement `_run` (and usually only a one-line rule inside it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..hooks import HookManager
 from ..inputs import check_model_inputs, expected_channels, load_images, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
-from .scope import active_call
+from .scope import active_call, model_lock
 
 if TYPE_CHECKING:
     from ..explanation import Explanation
@@ -146,7 +146,9 @@ class Attribution:
             channels=expected_channels(self.model) or 3,
         )
         x, kwargs, _ = self._call_args(batch.tensor, additional_forward_args)
-        attribution, targets = self._explain(x, target, **kwargs)
+        with model_lock(self.model):  # the per-call report (coverage) read before another thread's call replaces it
+            attribution, targets = self._explain(x, target, **kwargs)
+            coverage = getattr(self, "coverage", None)
         # multi-input methods take and give tuples: one image tensor came, one attribution goes
         attribution = attribution[0] if isinstance(attribution, tuple) else attribution
         x = x[0] if isinstance(x, tuple) else x
@@ -160,7 +162,7 @@ class Attribution:
             multi_target=targets.multi,
             labels=labels,
             display=dict(self.display_defaults),
-            coverage=getattr(self, "coverage", None),
+            coverage=coverage,
         )
 
     def __repr__(self) -> str:
@@ -259,26 +261,26 @@ class Attribution:
                 "inference_mode (torch.no_grad() is fine)"
             )
         model = self.model
-        modes = [(m, m.training) for m in model.modules()]
-        flags = [(p, p.requires_grad) for p in model.parameters()]
-        # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
-        buffers = (
-            [(b, b.detach().clone()) for b in model.buffers()]
-            if not self.eval_mode and any(t for _, t in modes)
-            else []
-        )
-        try:
-            if self.eval_mode:
-                model.eval()
-            for p, _ in flags:
-                p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
-            with active_call(), torch.enable_grad(), HookManager(model) as hooks:
-                yield hooks
-        finally:
-            for m, training in modes:
-                m.training = training
-            for p, requires_grad in flags:
-                p.requires_grad_(requires_grad)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        with model_lock(model):  # calls on one model from several threads run one at a time
+            modes = [(m, m.training) for m in model.modules()]
+            # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
+            buffers = (
+                [(b, b.detach().clone()) for b in model.buffers()]
+                if not self.eval_mode and any(t for _, t in modes)
+                else []
+            )
+            # Parameters keep their requires_grad: freezing them would take the weight gradients of a training step
+            # that another thread runs meanwhile. No weight gradient is computed anyway (the methods differentiate
+            # with torch.autograd.grad w.r.t. inputs or layer outputs: the engine prunes the weight branches) and
+            # none reaches .grad.
+            try:
+                if self.eval_mode:
+                    model.eval()
+                with active_call(), torch.enable_grad(), HookManager(model) as hooks:
+                    yield hooks
+            finally:
+                for m, training in modes:
+                    m.training = training
+                with torch.no_grad():
+                    for b, saved in buffers:
+                        b.copy_(saved)
