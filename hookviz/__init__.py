@@ -13,6 +13,7 @@ from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
+from .integrations.tracker import ExplanationTracker
 from .methods import (
     METHODS,
     RISE,
@@ -65,6 +66,7 @@ __all__ = [
     "Evaluation",
     "Explanation",
     "ExplanationStore",
+    "ExplanationTracker",
     "FlowReport",
     "FlowStats",
     "Deconvnet",

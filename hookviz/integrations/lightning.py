@@ -11,6 +11,7 @@ from torch import nn
 
 from ..flow import Alarm, GradientFlow
 from .session import _FlowSession
+from .tracker import ExplanationTracker
 
 try:
     import lightning.pytorch as pl
@@ -121,3 +122,45 @@ class GradientFlowCallback(pl.Callback):
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._session._quiet_detach()  # idempotent: whatever ended fit, no hook stays on the model
+
+
+class ExplanationTrackerCallback(pl.Callback):
+    """Drive an `ExplanationTracker` from a Lightning ``Trainer``: checked at fit start (a probe set the model
+    refuses or a target out of range raise there) where it also takes a first snapshot (step 0, epoch 0: the model
+    before this fit), then one snapshot at each epoch end (``every="epoch"``, labelled with the number of epochs
+    done) or every `every` optimizer steps. Each snapshot goes to every logger with a TensorBoard ``experiment``
+    as an image grid (``tracker/<method>``; `log_images`). A failing snapshot warns and stops the tracking; training
+    goes on.
+    """
+
+    def __init__(self, tracker: ExplanationTracker, *, log_images: bool = True) -> None:
+        super().__init__()
+        if not isinstance(tracker, ExplanationTracker):
+            raise TypeError(f"tracker must be an ExplanationTracker, got {type(tracker).__name__}")
+        self.tracker = tracker
+        self.log_images = bool(log_images)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.tracker.check(pl_module)
+        self._take(trainer, pl_module, trainer.global_step, trainer.current_epoch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step  # optimizer steps done
+        if isinstance(self.tracker.every, int) and step > 0 and self.tracker.due(step):
+            if not self.tracker.snapshots or self.tracker.snapshots[-1][0] != step:  # once per optimizer step
+                self._take(trainer, pl_module, step, None)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.tracker.every == "epoch":
+            self._take(trainer, pl_module, trainer.global_step, trainer.current_epoch + 1)
+
+    def _take(self, trainer: Any, pl_module: Any, step: int, epoch: int | None) -> None:
+        if not self.tracker._guarded(type(self).__name__, pl_module, step, epoch) or not self.log_images:
+            return
+        tag = f"tracker/{self.tracker.name}"
+        grid = None
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_image"):
+                grid = self.tracker.grid() if grid is None else grid
+                experiment.add_image(tag, grid, step)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..flow import Alarm, GradientFlow
 from .session import _FlowSession
+from .tracker import ExplanationTracker
 
 try:
     from transformers import TrainerCallback
@@ -124,3 +125,49 @@ class GradientFlowCallback(TrainerCallback):
             if self._own_writer:
                 writer.close()
         self._own_writer = False
+
+
+class ExplanationTrackerCallback(TrainerCallback):
+    """Drive an `ExplanationTracker` from a Hugging Face ``Trainer`` (see the Lightning twin): checked, with a first
+    snapshot, in ``on_train_begin``; then at each epoch end (``every="epoch"``) or every `every` optimizer steps
+    (``on_step_end``). Snapshots go to `writer` (a ``SummaryWriter`` or a log directory) as image grids, on the main
+    process only. A failing snapshot warns and stops the tracking; training goes on."""
+
+    def __init__(self, tracker: ExplanationTracker, *, writer: Any = None) -> None:
+        if not isinstance(tracker, ExplanationTracker):
+            raise TypeError(f"tracker must be an ExplanationTracker, got {type(tracker).__name__}")
+        if writer is not None and not (isinstance(writer, str | os.PathLike) or hasattr(writer, "add_image")):
+            raise TypeError(f"writer must be a SummaryWriter, a log directory or None, got {type(writer).__name__}")
+        self.tracker = tracker
+        self._writer_arg = writer
+        self._writer: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if model is None:
+            raise ValueError("ExplanationTrackerCallback: the Trainer passed no model to on_train_begin")
+        self.tracker.check(model)
+        if state.is_world_process_zero and self._writer_arg is not None:
+            target = self._writer_arg
+            if not hasattr(target, "add_image"):
+                from torch.utils.tensorboard import SummaryWriter
+
+                target = SummaryWriter(log_dir=os.fspath(target))
+            self._writer = target
+        self._take(model, state.global_step, 0)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if isinstance(self.tracker.every, int) and self.tracker.due(state.global_step) and model is not None:
+            self._take(model, state.global_step, None)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.tracker.every == "epoch" and model is not None:
+            self._take(model, state.global_step, round(state.epoch or 0))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+        self._writer = None
+
+    def _take(self, model: Any, step: int, epoch: int | None) -> None:
+        if self.tracker._guarded(type(self).__name__, model, step, epoch) and self._writer is not None:
+            self._writer.add_image(f"tracker/{self.tracker.name}", self.tracker.grid(), step)
