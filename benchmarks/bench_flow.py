@@ -21,7 +21,7 @@ its own copy of the same model and optimizer:
 - ``GradientFlow(every=1, output_stats='all')``: every watched module's output and output gradient observed, not
   only the parameter-free modules' outputs;
 - ``GradientFlow(every=1, optimizer=opt)``: the same, taken through the optimizer's step hooks, plus the update-to-
-  weight ratio (one copy of the parameters per step);
+  weight ratio (``update_ratio=True``: one copy of the parameters per step);
 - ``GradientFlow(every=4)``: as the first, recording every 4th step;
 - ``detect_anomaly``: the plain step inside ``torch.autograd.detect_anomaly()``.
 
@@ -174,6 +174,7 @@ def main() -> None:
                 model,
                 every=every,
                 optimizer=opt if "optimizer" in name else None,
+                update_ratio="optimizer" in name,  # the row measures the update ratio too (off by default)
                 abs_stats="abs_stats=False" not in name,
                 fused_stats=False if "fused_stats=False" in name else None,
                 output_stats="all" if "output_stats='all'" in name else "parameter-free",

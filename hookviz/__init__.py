@@ -13,6 +13,7 @@ from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .images import IMAGENET, Batch, Preset, auto_preprocess, load_images
+from .integrations.tracker import ExplanationTracker
 from .methods import (
     LRP,
     METHODS,
@@ -71,6 +72,7 @@ __all__ = [
     "Evaluation",
     "Explanation",
     "ExplanationStore",
+    "ExplanationTracker",
     "FlowReport",
     "FlowStats",
     "Deconvnet",

@@ -62,8 +62,6 @@ def first_tensor(output: Any) -> Tensor | None:
     return None
 
 
-
-
 def _to_device(obj: Any, device: torch.device, requires_grad: bool = False) -> Any:
     if isinstance(obj, Tensor):
         t = obj.to(device, non_blocking=True)

@@ -90,7 +90,7 @@ def close(a, b) -> bool:
 def test_statistics_match_hand_computed_values(outputs: str) -> None:
     model = Hand()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with GradientFlow(model, optimizer=opt, alarms=False, output_stats=outputs) as flow:
+    with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False, output_stats=outputs) as flow:
         train(model, opt=opt)
     s = flow.read()
     assert s.steps.tolist() == [0]
@@ -244,7 +244,7 @@ def test_activation_output_modified_in_place_later_falls_back_to_the_hook() -> N
 def test_compiled_activation_statistics_with_gradient_accumulation() -> None:
     model = Hand()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    with GradientFlow(model, optimizer=opt, alarms=False, fused_stats=True) as flow:
+    with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False, fused_stats=True) as flow:
         train(model, opt=opt, steps=2, micro=3)
     s = flow.read()
     assert s.steps.tolist() == [0, 1]
@@ -280,7 +280,7 @@ def run_fused(fused_stats, steps: int = 3):
     model = nn.Sequential(nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 1))  # 10000 weights: the compiled kernel
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(8, 100, generator=torch.Generator().manual_seed(1))
-    with GradientFlow(model, optimizer=opt, alarms=False, fused_stats=fused_stats) as flow:
+    with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False, fused_stats=fused_stats) as flow:
         train(model, x=x, opt=opt, steps=steps)
     return flow, flow.read()
 
@@ -384,7 +384,7 @@ def test_keep_bounds_the_host_history() -> None:
 def test_gradient_accumulation_with_the_optimizer() -> None:
     model = Hand()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: every step sees the same gradients
-    with GradientFlow(model, optimizer=opt, alarms=False, output_stats="all") as flow:
+    with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False, output_stats="all") as flow:
         train(model, opt=opt, steps=3, micro=2)
     s = flow.read()
     assert s.steps.tolist() == [0, 1, 2]  # one row per optimizer step, not per micro-step
@@ -394,8 +394,9 @@ def test_gradient_accumulation_with_the_optimizer() -> None:
     assert all(close(v, 0.0) for v in s.param("fc.weight", "update_ratio"))
 
 
-@pytest.mark.parametrize("mode", ["optimizer", "before-unscale", "after-unscale"])
+@pytest.mark.parametrize("mode", ["optimizer", "after-unscale"])
 def test_grad_scaler_statistics_are_unscaled(mode: str) -> None:
+    """Parameter gradients read after unscale_ (the documented order); output gradients divided by get_scale()."""
     if not hasattr(torch.amp, "GradScaler"):
         pytest.skip("torch.amp.GradScaler not available")
     model = Hand()
@@ -407,8 +408,6 @@ def test_grad_scaler_statistics_are_unscaled(mode: str) -> None:
     for _ in range(2):
         opt.zero_grad()
         scaler.scale(model(X).sum()).backward()
-        if mode == "before-unscale":
-            flow.step()
         scaler.unscale_(opt)
         if mode == "after-unscale":
             flow.step()
@@ -420,6 +419,62 @@ def test_grad_scaler_statistics_are_unscaled(mode: str) -> None:
     assert close(s.param("fc.weight")[0], S14) and close(s.param("fc.weight", "grad_max_abs")[1], 3.0)
     assert close(s.module("head", "out_grad_norm")[0], math.sqrt(2))
     assert close(s.module("fc", "out_grad_norm")[1], 1.0)
+
+
+def test_grad_scaler_read_through_public_api_only() -> None:
+    """A scaler with only the public is_enabled/get_scale works; one without get_scale warns at construction and its
+    output gradients stay scaled (nothing private is read)."""
+
+    class Public:
+        def __init__(self, scale: float | None) -> None:
+            self.scale = scale
+
+        def is_enabled(self) -> bool:
+            return True
+
+    class WithScale(Public):
+        def get_scale(self) -> float:
+            return self.scale
+
+    model = Hand()
+    with GradientFlow(model, scaler=WithScale(8.0), alarms=False, output_stats="all") as flow:
+        train(model, flow=flow, loss_fn=lambda y: 8.0 * y.sum(), opt=torch.optim.SGD(model.parameters(), lr=0.0))
+    assert close(flow.read().module("head", "out_grad_norm")[0], math.sqrt(2))
+    with pytest.warns(RuntimeWarning, match="has no get_scale.*reported scaled by the loss scale"):
+        flow = GradientFlow(model, scaler=Public(None), alarms=False, output_stats="all")
+    with flow:
+        train(model, flow=flow, loss_fn=lambda y: 8.0 * y.sum(), opt=torch.optim.SGD(model.parameters(), lr=0.0))
+    assert close(flow.read().module("head", "out_grad_norm")[0], 8.0 * math.sqrt(2))
+
+
+def test_update_ratio_is_opt_in() -> None:
+    """No parameter copy unless asked: the default records no update ratio even with an optimizer."""
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+        train(model, opt=opt)
+        assert flow._updates._snaps == {}
+    assert np.isnan(flow.read().param_stats["update_ratio"]).all()
+    model = Hand()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False) as flow:
+        train(model, opt=opt)
+        assert len(flow._updates._snaps) == 4  # the parameters with a gradient (Hand.unused has none)
+    assert close(flow.read().param("fc.bias", "update_ratio")[0], 0.1 * 1 / 10)
+
+
+def test_fsdp_is_refused_clearly() -> None:
+    class FullyShardedDataParallel(nn.Module):  # stands for torch's wrapper: refused by class name
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Hand()
+
+    with pytest.raises(ValueError, match="GradientFlow does not support FSDP .*'<model>'.*local shard"):
+        GradientFlow(FullyShardedDataParallel())
+    wrapped = nn.Sequential(FullyShardedDataParallel())
+    with pytest.raises(ValueError, match="module '0' is FullyShardedDataParallel"):
+        GradientFlow(wrapped)
+    assert no_hooks(wrapped)
 
 
 def test_low_precision_forward_under_autocast() -> None:
@@ -787,7 +842,9 @@ def stats():
     model = Hand()
     model.fc.bias.requires_grad_(False)  # frozen: never a gradient
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
-    with GradientFlow(model, optimizer=opt, alarms=Alarms(exploding=3.5, jump=None), on_alarm=lambda a: None) as flow:
+    with GradientFlow(
+        model, optimizer=opt, update_ratio=True, alarms=Alarms(exploding=3.5, jump=None), on_alarm=lambda a: None
+    ) as flow:
         train(model, opt=opt, steps=4)
     return flow.read()
 
@@ -950,12 +1007,12 @@ def test_distributed_data_parallel_statistics_of_the_reduced_gradients(process_g
     """One gloo rank: DDP's all-reduce averages over one process, so every statistic equals the plain model's."""
     reference = Hand()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    with GradientFlow(reference, optimizer=ref_opt, alarms=False) as ref_flow:
+    with GradientFlow(reference, optimizer=ref_opt, update_ratio=True, alarms=False) as ref_flow:
         train(reference, opt=ref_opt, steps=2)
     inner = Hand()
     ddp = nn.parallel.DistributedDataParallel(inner, find_unused_parameters=True)  # Hand.unused never runs
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    with GradientFlow(ddp if wrapped else inner, optimizer=opt, alarms=False) as flow:
+    with GradientFlow(ddp if wrapped else inner, optimizer=opt, update_ratio=True, alarms=False) as flow:
         train(ddp, opt=opt, steps=2)
     a, b = ref_flow.read(), flow.read()
     prefix = "module." if wrapped else ""
@@ -975,7 +1032,7 @@ def _ddp_rank(rank: int, store: str, x: torch.Tensor, out: str) -> None:
     try:
         model = nn.parallel.DistributedDataParallel(Hand(), find_unused_parameters=True)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+        with GradientFlow(model, optimizer=opt, update_ratio=True, alarms=False) as flow:
             train(model, opt=opt, steps=2, x=x[rank::2])
         s = flow.read()
         np.savez(f"{out}{rank}.npz", **{stat: s.param_stats[stat] for stat in s.param_stats})
@@ -995,7 +1052,7 @@ def test_distributed_data_parallel_two_ranks_see_the_reduced_gradients(tmp_path)
     ranks = [np.load(f"{out}{r}.npz") for r in range(2)]
     reference = Hand()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    with GradientFlow(reference, optimizer=ref_opt, alarms=False) as ref_flow:
+    with GradientFlow(reference, optimizer=ref_opt, update_ratio=True, alarms=False) as ref_flow:
         train(reference, opt=ref_opt, steps=2, x=x, loss_fn=lambda y: y.sum() / 2)
     expected = ref_flow.read().param_stats
     local = Hand()

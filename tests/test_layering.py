@@ -60,6 +60,7 @@ LAYERS: list[str] = [
     "hookviz.flow.locate",
     "hookviz.flow.alarms",
     "hookviz.flow.amp",
+    "hookviz.flow.distributed",
     "hookviz.flow.observe",
     "hookviz.flow.data",
     "hookviz.flow.plots",

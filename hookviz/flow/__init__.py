@@ -1,9 +1,9 @@
 """GradientFlow: per-layer gradient statistics during training, alarms for vanishing, exploding and NaN/Inf gradients.
 
 Attach it to a model in training; at every step (or every ``every``-th) it records, per parameter and per module,
-the gradient norm, mean and max |grad|, the update-to-weight ratio (when it knows the optimizer), and for activation
-modules the activation norm and, for ReLUs, the fraction of dead units (``output_stats="all"``: the output norm and
-the norm of the gradient w.r.t. the output of every watched module). It is built to be left on:
+the gradient norm, mean and max |grad|, the update-to-weight ratio (opt-in: ``update_ratio=True`` with an optimizer),
+and for activation modules the activation norm and, for ReLUs, the fraction of dead units (``output_stats="all"``: the
+output norm and the norm of the gradient w.r.t. the output of every watched module). It is built to be left on:
 
 - **No device sync per step.** Statistics are computed on the model's device and written into a preallocated
   ``(buffer_steps, statistics)`` buffer on that device; the buffer is read out in one transfer when it is full, and
@@ -46,15 +46,23 @@ gradients then hold the sum over the micro-steps, output statistics are aggregat
 backward passes (norms: root of the summed squares for gradients, mean for activations). Without it, call `step()`
 once per optimizer step, after the last micro-step's backward.
 
-**Mixed precision.** With ``torch.amp.GradScaler``: pass ``scaler=``. Gradients w.r.t. module outputs are observed
-during the backward pass, where they are scaled: they are divided by the scale. Parameter gradients are read when
-the step is taken: ``scaler.step(optimizer)`` unscales them before it calls ``optimizer.step()``, so with `optimizer`
-they are already unscaled; in manual mode call ``flow.step()`` after ``scaler.unscale_(optimizer)``, or before it
-(the scale is divided out: GradientFlow looks at the scaler's per-optimizer stage). Caveat: a step the scaler skips
-(inf/NaN gradients) never calls ``optimizer.step()``, so with `optimizer` that iteration is not a step: its output
-statistics merge into the next step, and non-finite alarms come only from the parameter gradients of steps the
-optimizer takes (use manual mode to see every iteration, with ``Alarms(nonfinite_steps=k)`` to ignore the few
-overflow steps a scaler takes to settle).
+**Mixed precision.** bf16 autocast needs nothing (no scaler; statistics accumulate in float32). With
+``torch.amp.GradScaler``: pass ``scaler=``. Gradients w.r.t. module outputs are observed during the backward pass,
+where they are scaled: they are divided by ``scaler.get_scale()`` (public API; one sync on recorded steps that observed
+one). Parameter gradients are read as they are, never divided, in the documented order: after
+``scaler.unscale_(optimizer)``. With `optimizer` this holds by itself (``scaler.step(optimizer)`` unscales before it
+calls ``optimizer.step()``); so it does in the Lightning and Hugging Face callbacks (`hookviz.integrations`: their
+pre-optimizer-step hooks run after the unscale); in manual mode call ``flow.step()`` after ``scaler.unscale_``
+(before it, the parameter statistics would carry the scale, which the public API gives no way to detect). A scaler
+without ``get_scale()`` gets a warning at construction. Caveat: a step the scaler skips (inf/NaN gradients) never
+calls ``optimizer.step()``, so with `optimizer` that iteration is not a step: its output statistics merge into the
+next step, and non-finite alarms come only from the parameter gradients of steps the optimizer takes (use manual mode
+to see every iteration, with ``Alarms(nonfinite_steps=k)`` to ignore the few overflow steps a scaler takes to settle).
+
+**Memory.** The on-device buffer holds ``buffer_steps`` rows of ``5 * parameters + 3 * module calls`` float32; the
+host keeps ``4 * (5 * parameters + 3 * module calls)`` bytes per recorded step (`keep` bounds it). With the fused
+kernels the activation outputs of a step are kept until it is taken. ``update_ratio=True`` (off by default) keeps one
+full copy of the watched parameters on their device.
 
 **Footguns.** Forward passes in eval mode or under ``torch.no_grad()`` are ignored (validation does not pollute the
 statistics). The activation outputs kept for the compiled kernel live until the step is taken, a little longer than
@@ -64,11 +72,13 @@ checkpointing, the forward recomputed during the backward pass shows up as furth
 from the first recorded forward passes: a model whose structure changes later gets less precise NaN culprits
 (``output_stats="all"`` records the backward order at every step).
 
-**DistributedDataParallel.** Pass the wrapped model or the inner module (names differ by the ``module.`` prefix).
-Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced (averaged) gradient: they
-are the same on every rank. Statistics of module outputs and of the gradients w.r.t. them are local to each rank.
-(Tested on the CPU with gloo: one rank, wrapped and inner module; two ranks with different halves of a batch, both
-recording the statistics of the averaged gradient.)
+**DistributedDataParallel and FSDP** (`distributed`). Pass the wrapped model or the inner module (names differ by
+the ``module.`` prefix). Parameter statistics are read after the backward pass, when ``.grad`` holds the all-reduced
+(averaged) gradient: on every rank they are those of one process on the global batch, at no extra collective.
+Statistics of module outputs and of the gradients w.r.t. them are local to each rank. FSDP (sharded parameters and
+gradients) is refused with a ValueError: per-rank norms would cover only the local shard. (Tested on the CPU with
+gloo: tests/test_ddp.py runs two ranks under ``torch.distributed.run`` and compares with one process on the global
+batch.)
 
 Example::
 
@@ -93,7 +103,8 @@ Layout of this package (one concern per file; every import points down this list
     watch.py     what is watched and how (ACTIVATIONS, TRANSPARENT, parameter owners, which outputs get hooks)
     layout.py    the on-device buffer, its row layout, its read-out to host chunks
     kernels.py   the statistics kernels (multi-tensor, eager, compiled) and the policy that picks them
-    amp.py       the GradScaler's scale, divided out of scaled gradients
+    amp.py       the GradScaler's scale (public API), divided out of scaled output gradients
+    distributed.py  DDP (what is reported) and FSDP (refused)
 """
 
 from .alarms import Alarm, Alarms, GradientFlowError, GradientFlowWarning, OnAlarm  # noqa: F401

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from .._checks import int_option, is_int
 from ..hooks import HookManager, Selector
 from .alarms import Alarm, Alarms, GradientFlowError, OnAlarm, _AlarmChecker
-from .amp import _param_grads_scaled, _scale
+from .amp import _check_scaler, _scale
+from .distributed import _refuse_sharded
 from .export import _summary_writer, to_tensorboard
 from .kernels import _dense, _Kernels, _norms, _UpdateRatio
 from .layout import (
@@ -49,18 +50,20 @@ class GradientFlow:
     Args:
         model: the model being trained (or its DistributedDataParallel wrapper).
         every: record every ``every``-th step (steps 0, every, 2 * every, ...); other steps cost nothing but a counter.
-        optimizer: when given, steps are taken automatically when it steps (its step pre/post hooks), and the
-            update-to-weight ratio ``||w_after - w_before|| / ||w_before||`` is recorded (one copy of the watched
-            parameters is kept for that; ``update_ratio=False`` skips it). Without it, call `step` after each
-            backward pass (after the last micro-step with gradient accumulation).
+        optimizer: when given, steps are taken automatically when it steps (its step pre/post hooks). Without it,
+            call `step` after each backward pass (after the last micro-step with gradient accumulation).
         select: the modules to watch (any `select_modules` selector). Default: every leaf module and every module
             that owns parameters. A parameter is attributed to the deepest watched module that contains it.
-        scaler: the ``torch.amp.GradScaler`` in use, if any (statistics are unscaled).
+        scaler: the ``torch.amp.GradScaler`` in use, if any: the gradients w.r.t. module outputs are divided by its
+            scale (``get_scale()``); parameter gradients are read as they are, so take the step after
+            ``scaler.unscale_(optimizer)`` (automatic with `optimizer`: ``scaler.step`` unscales first).
         alarms: an `Alarms` (thresholds), True for the defaults, False or None for none.
         on_alarm: ``"warn"`` (a `GradientFlowWarning`), ``"log"`` (a record on the ``hookviz.flow`` logger: error for
             non-finite values, warning otherwise), ``"raise"`` (a `GradientFlowError`), or a callable taking the
             `Alarm`. Every alarm is also kept in `alarms`.
-        update_ratio: record update-to-weight ratios when `optimizer` is given.
+        update_ratio: with `optimizer`, also record the update-to-weight ratio ``||w_after - w_before|| /
+            ||w_before||``. Off by default: it keeps one full copy of the watched parameters (their size again in
+            memory, on their device) and reads them three times per recorded step.
         output_stats: which module outputs are observed at every recorded step. ``"parameter-free"`` (default):
             the output norm of the watched activation modules and of custom parameter-free modules (with the dead
             fraction for ReLUs), and the gradient w.r.t. the output of the custom ones only (see the package docs:
@@ -97,7 +100,7 @@ class GradientFlow:
         scaler: Any | None = None,
         alarms: Alarms | bool | None = True,
         on_alarm: OnAlarm = "warn",
-        update_ratio: bool = True,
+        update_ratio: bool = False,
         abs_stats: bool = True,
         output_stats: Literal["parameter-free", "all"] = "parameter-free",
         fused_stats: bool | None = None,
@@ -108,6 +111,8 @@ class GradientFlow:
         alarms = _check_arguments(
             model, every, optimizer, scaler, alarms, on_alarm, output_stats, fused_stats, buffer_steps, keep, unit_dim
         )
+        _refuse_sharded(model)
+        _check_scaler(scaler)
         self.model = model
         self.every = every
         self.optimizer = optimizer
@@ -328,9 +333,9 @@ class GradientFlow:
                     stats = list(self._kernels.grad_stats(grads, dev))  # type: ignore[arg-type]
                 else:
                     stats = [_norms([_dense(g) for g in grads], dev)]  # type: ignore[arg-type]
-                scale = _scale(self.scaler, dev) if _param_grads_scaled(self.scaler, self.optimizer) else None
+                # parameter gradients are read unscaled: after scaler.unscale_ (see amp.py), never divided here
                 for b, values in zip((L2, L1, MAX_ABS), stats, strict=False):  # abs_stats=False: L2 only
-                    row[layout.block(b)].index_copy_(0, idx, values if scale is None else values / scale)
+                    row[layout.block(b)].index_copy_(0, idx, values)
                 if snapshot:
                     row[layout.block(WEIGHT_NORM)].index_copy_(0, idx, self._updates.snapshot(present, dev))
                     self._pending_update = (present, idx)

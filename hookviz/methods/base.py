@@ -1,9 +1,9 @@
 """The life cycle every attribution method shares (template method).
 
-``attribute(x, target)``: check the target spec and the input -> prepare the model (eval mode, parameters frozen,
-grad enabled even under ``torch.no_grad()``, hooks placed through one `HookManager`) -> one forward pass -> the
-(N, K) target scores -> one batched backward pass -> restore the model exactly as it was, in a ``finally``.
-Subclasses implement `_run` (and usually only a one-line rule inside it).
+``attribute(x, target)``: check the target spec and the input -> prepare the model (eval mode, under the model's
+lock: one call per model at a time, see `scope`; grad enabled even under ``torch.no_grad()``, hooks placed through
+one `HookManager`) -> one forward pass -> the (N, K) target scores -> one batched backward pass -> restore the
+model exactly as it was, in a ``finally``. Subclasses implement `_run` (and usually only a one-line rule inside it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..hooks import HookManager
 from ..images import auto_preprocess, describe_preprocess, load_images
 from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
-from .scope import active_call
+from .scope import active_call, model_lock
 
 METHODS: dict[str, type[Attribution]] = {}
 
@@ -188,7 +188,9 @@ class Attribution:
             channels=expected_channels(self.model) or 3,
         )
         x, kwargs, _ = self._call_args(batch.tensor, additional_forward_args, forward_kwargs)
-        attribution, targets = self._explain(x, target, **kwargs)
+        with model_lock(self.model):  # the per-call report (coverage) read before another thread's call replaces it
+            attribution, targets = self._explain(x, target, **kwargs)
+            coverage = getattr(self, "coverage", None)
         # multi-input methods take and give tuples: one image tensor came, one attribution goes
         attribution = attribution[0] if isinstance(attribution, tuple) else attribution
         x = x[0] if isinstance(x, tuple) else x
@@ -203,7 +205,7 @@ class Attribution:
             multi_target=targets.multi,
             labels=labels if labels is not None else weights,
             display=dict(self.display_defaults),
-            coverage=getattr(self, "coverage", None),
+            coverage=coverage,
             preprocess=chosen if batch.preprocess is not None else "none (float tensors are used as given)",
         )
 
@@ -317,24 +319,23 @@ class Attribution:
                 "inference_mode (torch.no_grad() is fine)"
             )
         model = self.model
-        flags = [(p, p.requires_grad) for p in model.parameters()]
-        # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
-        buffers = (
-            [(b, b.detach().clone()) for b in model.buffers()]
-            if not self.eval_mode and any(m.training for m in model.modules())
-            else []
-        )
-        with training_restored(model):
+        with model_lock(model), training_restored(model):  # calls on one model from several threads run one at a time
+            # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
+            buffers = (
+                [(b, b.detach().clone()) for b in model.buffers()]
+                if not self.eval_mode and any(m.training for m in model.modules())
+                else []
+            )
+            # Parameters keep their requires_grad: freezing them would take the weight gradients of a training step
+            # that another thread runs meanwhile. No weight gradient is computed anyway (the methods differentiate
+            # with torch.autograd.grad w.r.t. inputs or layer outputs: the engine prunes the weight branches) and
+            # none reaches .grad.
             try:
                 if self.eval_mode:
                     model.eval()
-                for p, _ in flags:
-                    p.requires_grad_(False)  # no weight gradients are computed, none can reach .grad
                 with active_call(), torch.enable_grad(), HookManager(model) as hooks:
                     yield hooks
             finally:
-                for p, requires_grad in flags:
-                    p.requires_grad_(requires_grad)
                 with torch.no_grad():
                     for b, saved in buffers:
                         b.copy_(saved)
