@@ -13,6 +13,7 @@ from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
+from .interventions import attribution_patching, cache, intervene, patching
 from .methods import (
     METHODS,
     RISE,
@@ -94,7 +95,9 @@ __all__ = [
     "TokenExplanation",
     "VarGrad",
     "XGradCAM",
+    "attribution_patching",
     "batched_grad",
+    "cache",
     "deletion",
     "energy_in_mask",
     "evaluate",
@@ -103,9 +106,11 @@ __all__ = [
     "get_method",
     "hook_counts",
     "insertion",
+    "intervene",
     "load_explanations",
     "load_images",
     "metrics",
+    "patching",
     "pointing_game",
     "sanity_check",
     "save_figure",
