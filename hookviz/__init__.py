@@ -13,7 +13,7 @@ from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
-from .interventions import attribution_patching, cache, intervene, patching
+from .interventions import FeatureVisualization, attribution_patching, cache, intervene, patching
 from .methods import (
     METHODS,
     RISE,
@@ -65,6 +65,7 @@ __all__ = [
     "Alarms",
     "Evaluation",
     "Explanation",
+    "FeatureVisualization",
     "ExplanationStore",
     "FlowReport",
     "FlowStats",

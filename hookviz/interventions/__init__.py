@@ -8,6 +8,7 @@ The provided edits of `intervene` are `zero`, `mean_ablate`, `scale`, `add` (ste
 from .attribution_patching import attribution_patching
 from .cache import cache
 from .edits import CallSite, Edit, add, mean_ablate, replace, scale, zero
+from .featurevis import FeatureVisualization
 from .intervene import Intervention, intervene
 from .layout import edit_axes
 from .patching import PatchingResult, patching
@@ -15,6 +16,7 @@ from .patching import PatchingResult, patching
 __all__ = [
     "CallSite",
     "Edit",
+    "FeatureVisualization",
     "Intervention",
     "PatchingResult",
     "add",
