@@ -13,6 +13,7 @@ from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .inputs import IMAGENET, Batch, Preset, load_images
+from .intervention_figures import feature_grid, patching_figure
 from .interventions import FeatureVisualization, attribution_patching, cache, intervene, patching
 from .methods import (
     METHODS,
@@ -103,6 +104,7 @@ __all__ = [
     "energy_in_mask",
     "evaluate",
     "explain_dataset",
+    "feature_grid",
     "grid",
     "get_method",
     "hook_counts",
@@ -112,6 +114,7 @@ __all__ = [
     "load_images",
     "metrics",
     "patching",
+    "patching_figure",
     "pointing_game",
     "sanity_check",
     "save_figure",

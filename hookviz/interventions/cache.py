@@ -9,18 +9,20 @@ import torch
 from torch import Tensor, nn
 
 from ..record import ActivationRecorder
-from ._common import call_model, parse_key
+from ._common import call_model, parse_key, prepared
 
 __all__ = ["cache"]
 
 
-def cache(model: nn.Module, inputs: Any, layers: str | Sequence[str]) -> dict[str, Tensor]:
+def cache(model: nn.Module, inputs: Any, layers: str | Sequence[str], *, eval_mode: bool = True) -> dict[str, Tensor]:
     """The outputs of `layers` in one forward of ``model(inputs)`` under ``torch.no_grad()``.
 
     Args:
-        model: the model, run as it is (call ``model.eval()`` first for inference behaviour; nothing is changed).
+        model: the model; it comes back exactly as it was.
         inputs: a batch tensor, a tuple of positional arguments or a dict of keyword arguments.
         layers: a module name or a list of them (``"name#k"`` accepted: its module is cached).
+        eval_mode: run in eval mode (the default; restored after), as `patching` does, so that the cache matches
+            the runs it is patched into.
 
     Returns ``{key: tensor}`` for every call of each layer: ``"relu"`` (first call), ``"relu#1"`` (second call),
     ... as in `hookviz.record`; tuple outputs by their first tensor; copies taken before any later in-place
@@ -33,7 +35,7 @@ def cache(model: nn.Module, inputs: Any, layers: str | Sequence[str]) -> dict[st
         raise TypeError(f"layers must be a module name or a non-empty list of them, got {layers!r}")
     names = {parse_key(model, layer, "layers")[0] for layer in layers}
     recorder = ActivationRecorder(model, lambda n, m: n in names, accumulate=False)
-    with torch.no_grad(), recorder:
+    with prepared(model, eval_mode), torch.no_grad(), recorder:
         call_model(model, inputs)
     out = recorder.results
     missing = [n for n in names if n not in out]
