@@ -49,8 +49,8 @@ def _attribution_patching(model: nn.Module, x: Tensor, arch: str, bad: bool) -> 
 
 
 def _render(model: nn.Module, x: Tensor, arch: str, bad: bool) -> None:
-    objective = "head:99" if bad else {"resnet18": "conv1:0", "vit": "conv_proj:0"}[arch]
-    hv.FeatureVisualization(model, size=32, steps=2).render(objective, batch=2)
+    objective = {"resnet18": "conv1", "vit": "conv_proj"}[arch] + (":99" if bad else ":0")
+    hv.FeatureVisualization(model, size=32, steps=2, model_size=32).render(objective, batch=2)
 
 
 CALLS: dict[str, Callable[[nn.Module, Tensor, str, bool], None]] = {
@@ -65,7 +65,7 @@ EXPECTED_BAD = {
     "cache": (ValueError, "ran only"),
     "patching": (ValueError, "same shapes"),
     "attribution_patching": (ValueError, "one value per sample"),
-    "render": (ValueError, "closest module names|out of range"),
+    "render": (ValueError, "channel 99 is out of range"),
 }
 
 

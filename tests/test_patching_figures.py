@@ -54,3 +54,18 @@ def test_feature_grid_rows_of_rendered_and_dataset_examples(tmp_path) -> None:
         hv.feature_grid(images, titles=["a"])
     with pytest.raises(ValueError, match=r"images must be a \(K, 3, h, w\) tensor"):
         hv.feature_grid(torch.rand(3, 8, 8))
+
+
+def test_cli_features_writes_a_grid(tmp_path, capsys) -> None:
+    from hookviz.cli import main
+
+    out = tmp_path / "features.png"
+    assert main(["features", "--model", "shapes", "--layer", "head", "--units", "0,2", "--steps", "2", "--out",
+                 str(out)]) == 0  # fmt: skip
+    assert out.stat().st_size > 1000 and "2 units of head, 2 steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["features", "--model", "shapes", "--layer", "head", "--units", "0,x"])
+    assert "--units must be comma-separated" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["features", "--model", "shapes", "--layer", "head", "--units", "12", "--steps", "2"])
+    assert "channel 12 is out of range; 'head' has 8 channels" in capsys.readouterr().err

@@ -15,6 +15,8 @@ from .dataset import EXPLAIN_DATASET_DESCRIPTION, _explain_dataset
 from .demo import _demo
 from .evaluate import EVALUATE_DESCRIPTION, EVALUATE_METHODS, _evaluate
 from .explain import EXPLAIN_DESCRIPTION, _explain
+from .features import _features
+from .features import add_parser as _add_features
 
 
 class _Parser(argparse.ArgumentParser):
@@ -194,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
         help="as for hookviz explain: unpickle a whole-model PATH.pt (runs code from the file: only files you trust)",
     )
     ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    _add_features(sub)
     return parser
 
 
@@ -201,7 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookviz`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    commands = {"demo": _demo, "explain": _explain, "explain-dataset": _explain_dataset, "evaluate": _evaluate}
+    commands = {
+        "demo": _demo,
+        "explain": _explain,
+        "explain-dataset": _explain_dataset,
+        "evaluate": _evaluate,
+        "features": _features,
+    }
     if args.command in commands:
         try:
             return commands[args.command](args)

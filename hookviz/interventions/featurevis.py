@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..hooks import HookManager
@@ -64,6 +65,8 @@ class FeatureVisualization:
         sd: standard deviation of the initial parameters (lucent: 0.01, a nearly uniform grey image). A model whose
             first ReLUs are all off on a flat image (the shapes CNN) has a zero gradient there: start from more
             contrast (e.g. 0.1).
+        model_size: resize every transformed image to this size before the model (lucent's ``fixed_image_size``),
+            for models that take one input size only (ViT); None: the model sees the transformed image as it is.
         eval_mode: run the model in eval mode (restored after).
 
     Example::
@@ -84,6 +87,7 @@ class FeatureVisualization:
         transforms: Sequence[Transform] | None = None,
         preprocess: Callable[[Tensor], Tensor] | None = None,
         sd: float = 0.01,
+        model_size: int | tuple[int, int] | None = None,
         eval_mode: bool = True,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -105,6 +109,7 @@ class FeatureVisualization:
         self.transforms = standard_transforms() if transforms is None else list(transforms)
         self.preprocess = preprocess
         self.sd = float(sd)
+        self.model_size = None if model_size is None else _size(model_size)
         self.last_values: Tensor | None = None
 
     # ----------------------------------------------------------------------------------------------------------
@@ -140,6 +145,11 @@ class FeatureVisualization:
             b, *self.size, fft=self.fft, decorrelate=self.decorrelate, sd=self.sd, generator=g, device=device
         )
         transform = compose(self.transforms)
+        if self.model_size is not None:
+            resize = self.model_size
+
+            def transform(x: Tensor, g: torch.Generator, _t=transform) -> Tensor:  # noqa: ANN001
+                return F.interpolate(_t(x, g), size=resize, mode="bilinear", align_corners=True)
 
         def total(acts: dict[str, Tensor]) -> Tensor:
             if per_image:
