@@ -188,3 +188,41 @@ def test_bad_input_is_named_before_any_work(cnn) -> None:
     with pytest.raises(ValueError, match="direction must be"):
         hv.patching(model, clean, corrupt, metric, "conv1", direction="both")
     assert hook_count(model) == 0 and not model.training
+
+
+class TinyTransformer(nn.Module):
+    """The token model of notebooks/05_text.ipynb (untrained here: the mechanics do not need training)."""
+
+    def __init__(self, vocab: int = 16, dim: int = 16, t: int = 8) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(torch.randn(t, dim) * 0.1)
+        self.encoder = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, 2)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.encoder(self.embedding(ids) + self.position)
+        return self.head(h.mean(dim=1))
+
+
+def test_token_patching_on_the_tiny_transformer_of_notebook_05() -> None:
+    """Token positions at the embedding, at the attention block (a tuple output) and at the encoder layer's output;
+    each checked against one forward per token through `intervene`."""
+    torch.manual_seed(0)
+    model = TinyTransformer().eval()
+    g = torch.Generator().manual_seed(1)
+    clean, corrupt = torch.randint(16, (3, 8), generator=g), torch.randint(16, (3, 8), generator=g)
+    metric = lambda out: out[:, 1] - out[:, 0]  # noqa: E731
+    sites = {"embedding": "token", "encoder.self_attn": "token", "encoder": "token"}
+    result = hv.patching(model, clean, corrupt, metric, sites)
+    acts = hv.cache(model, clean, layers=list(sites))
+    with torch.no_grad():
+        for key in sites:
+            assert result[key].shape == (3, 8)
+            for t in (0, 5):
+                with hv.intervene(model, {key: replace(acts, tokens=[t])}):
+                    assert torch.allclose(result[key][:, t], metric(model(corrupt)), atol=1e-5), (key, t)
+    # the encoder's output feeds a mean and a linear head: there the estimate is exact
+    approx = hv.attribution_patching(model, clean, corrupt, metric, {"encoder": "token"})
+    assert torch.allclose(approx["encoder"], result["encoder"], atol=1e-5)
+    assert hook_count(model) == 0
