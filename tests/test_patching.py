@@ -49,7 +49,7 @@ class LinearAfter(nn.Module):
 def test_batched_patching_equals_one_forward_per_site(cnn) -> None:
     model, clean, corrupt, labels = cnn
     metric = lambda out: out.gather(1, labels[:, None])[:, 0]  # noqa: E731  the clean class's logit
-    sites = {"features.1": "channel", "relu#1": "spatial", "conv2": "layer"}
+    sites = {"features.1": "channel", "relu#1": "spatial", "conv2": "layer", "relu": "layer"}
     result = hv.patching(model, clean, corrupt, metric, sites, batch_size=64)
     assert result["features.1"].shape == (2, 96) and result["relu#1"].shape == (2, 8, 8)
     assert result["conv2"].shape == (2,)
@@ -66,6 +66,11 @@ def test_batched_patching_equals_one_forward_per_site(cnn) -> None:
                 assert torch.allclose(result["relu#1"][:, y, x], metric(model(corrupt)), atol=1e-5)
         with hv.intervene(model, {"conv2": replace(acts)}):
             assert torch.allclose(result["conv2"], metric(model(corrupt)), atol=1e-5)
+        # "relu" is the first call of the reused ReLU only (the keys of hookviz.record), not both
+        with hv.intervene(model, {"relu#0": replace(acts)}):
+            assert torch.allclose(result["relu"], metric(model(corrupt)), atol=1e-5)
+    approx = hv.attribution_patching(model, clean, corrupt, metric, {"relu": "channel", "relu#1": "channel"})
+    assert approx["relu"].shape == (2, 16) and approx["relu#1"].shape == (2, 64)
     # batch_size only changes how the rows are split into forward passes
     small = hv.patching(model, clean, corrupt, metric, {"relu#1": "spatial"}, batch_size=16)
     assert torch.allclose(small["relu#1"], result["relu#1"], atol=1e-5)
@@ -75,7 +80,7 @@ def test_batched_patching_equals_one_forward_per_site(cnn) -> None:
     noised = hv.patching(model, clean, corrupt, metric, "relu#1", direction="noise")
     assert torch.allclose(noised["relu#1"], result.corrupt, atol=1e-4)
     rows = result.table()
-    assert len(rows) == 96 + 64 + 1 and rows[96] == {
+    assert len(rows) == 96 + 64 + 1 + 1 and rows[96] == {
         "layer": "relu#1", "kind": "spatial", "site": (0, 0), "value": pytest.approx(rows[96]["value"])
     }  # fmt: skip
     assert hook_count(model) == 0 and not model.training

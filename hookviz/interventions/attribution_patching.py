@@ -24,6 +24,7 @@ from .patching import (
     _check_metric_value,
     check_patching_args,
     layout_of,
+    one_call,
     run_with_cache,
 )
 from .sites import site_index
@@ -67,7 +68,7 @@ def attribution_patching(
 
             return fn
 
-        with torch.enable_grad(), intervene(model, {k: probe(k) for k in kinds}):
+        with torch.enable_grad(), intervene(model, {one_call(k): probe(k) for k in kinds}):
             value = _check_metric_value(metric(call_model(model, target_in)), n)
         keys = list(kinds)
         grads = torch.autograd.grad(value.sum(), [deltas[k] for k in keys], allow_unused=True)

@@ -128,6 +128,12 @@ def run_with_cache(
     return metric(out), acts
 
 
+def one_call(key: str) -> str:
+    """The `intervene` key of exactly the call a site key names: sites follow `hookviz.record` ("relu" is the first
+    call), while an `intervene` key without "#" edits every call."""
+    return key if "#" in key else f"{key}#0"
+
+
 def layout_of(layout: Any, key: str) -> str | None:
     return layout.get(key) if isinstance(layout, Mapping) else layout
 
@@ -212,7 +218,7 @@ def _patched_chunk(
         a = a.reshape(k, n, *a.shape[1:])
         return torch.where(mask, source.unsqueeze(0).to(a.dtype), a).reshape(k * n, *a.shape[2:])
 
-    with torch.no_grad(), intervene(model, {key: patch}):
+    with torch.no_grad(), intervene(model, {one_call(key): patch}):
         out = call_model(model, expand_inputs(target_in, k))
     # the metric sees N rows aligned with the inputs (it may close over per-sample labels), once per copy
     return torch.stack([_check_metric_value(metric(slice_rows(out, j * n, (j + 1) * n)), n) for j in range(k)])
