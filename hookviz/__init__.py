@@ -14,6 +14,8 @@ from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFl
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .images import IMAGENET, Batch, Preset, auto_preprocess, load_images
 from .integrations.tracker import ExplanationTracker
+from .intervention_figures import feature_grid, patching_figure
+from .interventions import FeatureVisualization, attribution_patching, cache, intervene, patching
 from .methods import (
     LRP,
     METHODS,
@@ -71,6 +73,7 @@ __all__ = [
     "Alarms",
     "Evaluation",
     "Explanation",
+    "FeatureVisualization",
     "ExplanationStore",
     "ExplanationTracker",
     "FlowReport",
@@ -109,18 +112,24 @@ __all__ = [
     "VarGrad",
     "XGradCAM",
     "auto_preprocess",
+    "attribution_patching",
     "batched_grad",
+    "cache",
     "deletion",
     "energy_in_mask",
     "evaluate",
     "explain_dataset",
+    "feature_grid",
     "grid",
     "get_method",
     "hook_counts",
     "insertion",
+    "intervene",
     "load_explanations",
     "load_images",
     "metrics",
+    "patching",
+    "patching_figure",
     "pointing_game",
     "sanity_check",
     "save_figure",

@@ -51,9 +51,9 @@ LAYERS: list[str] = [
     "hookviz.methods.deeplift",
     "hookviz.methods.shap",
     "hookviz.methods",
-    "hookviz.interventions.*",
     # recorders and the gradient-flow monitor
     "hookviz.record",
+    "hookviz.interventions.*",
     "hookviz.flow.kernels",
     "hookviz.flow.layout",
     "hookviz.flow.watch",
@@ -75,6 +75,7 @@ LAYERS: list[str] = [
     "hookviz.explanation",
     "hookviz.text",
     "hookviz.figures",
+    "hookviz.intervention_figures",
     # evaluation, data sets, reports
     "hookviz.metrics._checks",
     "hookviz.metrics.localisation",
@@ -102,6 +103,7 @@ LAYERS: list[str] = [
     "hookviz.cli.explain",
     "hookviz.cli.dataset",
     "hookviz.cli.evaluate",
+    "hookviz.cli.features",
     "hookviz.cli.app",
     "hookviz.cli",
     "hookviz.cli.__main__",

@@ -1,0 +1,243 @@
+"""Activation patching (causal tracing): the metric of a corrupted run with one site patched from the clean run.
+
+Meng et al., "Locating and Editing Factual Associations in GPT", NeurIPS 2022; conventions after Heimersheim &
+Nanda, "How to use and interpret activation patching", 2024: *denoising* (clean activations patched into the
+corrupted run: which sites are sufficient to restore the behaviour) by default, *noising* (corrupt into clean:
+which sites are necessary) on request; the normalised score is the fraction of the clean-corrupt metric difference
+that the patch restores.
+
+Many sites run in one forward: the corrupted batch is repeated once per site of a chunk (site-major), and one
+forward hook replaces, in the k-th copy, the elements of site k by their clean values. ``batch_size`` bounds the
+rows (sites x samples) of one forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..record import ActivationRecorder
+from ._common import batch_size_of, call_model, describe_shapes, expand_inputs, parse_key, prepared, same_shapes
+from .intervene import intervene
+from .layout import check_layout, edit_axes
+from .sites import parse_sites, site_index
+
+__all__ = ["PatchingResult", "patching"]
+
+Metric = Callable[[Any], Tensor]
+
+
+@dataclass
+class PatchingResult:
+    """Per layer key, the metric with each site patched: ``values[key]`` is (N, *grid), grid () for a whole layer,
+    (C,) channels, (T,) tokens, (h, w) spatial cells, (heads,) heads. `clean` and `corrupt` are the unpatched
+    metrics (N,); `kinds` the site kind of each key; `method` "exact" or "attribution" (the gradient estimate)."""
+
+    values: dict[str, Tensor]
+    clean: Tensor
+    corrupt: Tensor
+    kinds: dict[str, str]
+    direction: str = "denoise"
+    method: str = "exact"
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.values[key]
+
+    def keys(self) -> list[str]:
+        return list(self.values)
+
+    def normalized(self, eps: float = 1e-8) -> dict[str, Tensor]:
+        """Per key, ``(patched - start) / (end - start)``, per sample: 0 = no effect, 1 = the whole effect. Start is
+        the corrupted run when denoising, the clean run when noising (end the other one)."""
+        start, end = (self.corrupt, self.clean) if self.direction == "denoise" else (self.clean, self.corrupt)
+        out = {}
+        for k, v in self.values.items():
+            shape = (-1,) + (1,) * (v.dim() - 1)
+            diff = (end - start).reshape(shape)
+            safe = torch.where(diff.abs() < eps, torch.full_like(diff, eps), diff)
+            out[k] = (v - start.reshape(shape)) / safe
+        return out
+
+    def table(self, normalized: bool = True) -> list[dict[str, Any]]:
+        """One row per site (mean over the samples): layer, kind, site (index or (y, x)), value."""
+        values = self.normalized() if normalized else self.values
+        rows = []
+        for k, v in values.items():
+            mean = v.float().mean(0)
+            grid = tuple(mean.shape)
+            for i, value in enumerate(mean.flatten().tolist()):
+                site: Any = () if not grid else (divmod(i, grid[1]) if len(grid) == 2 else i)
+                rows.append({"layer": k, "kind": self.kinds[k], "site": site, "value": value})
+        return rows
+
+
+def _check_metric_value(value: Any, n: int, what: str = "metric") -> Tensor:
+    if not isinstance(value, Tensor) or value.shape != (n,):
+        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(
+            f"{what} must return one value per sample, a tensor of shape ({n},), got {got}; e.g. "
+            "metric=lambda out: out[:, 3] - out[:, 5] (a logit difference)"
+        )
+    return value
+
+
+def check_patching_args(
+    model: nn.Module, clean: Any, corrupt: Any, metric: Any, sites: Any, heads: Any, layout: Any, direction: Any
+) -> tuple[dict[str, str], int]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    n = batch_size_of(clean, "clean")
+    batch_size_of(corrupt, "corrupt")
+    if not same_shapes(clean, corrupt):
+        raise ValueError(
+            f"clean and corrupt must have the same shapes (one corrupted input per clean one), got clean "
+            f"{describe_shapes(clean)} and corrupt {describe_shapes(corrupt)}"
+        )
+    if not callable(metric):
+        raise TypeError(f"metric must be a callable output -> (N,) tensor, got {type(metric).__name__}")
+    if direction not in ("denoise", "noise"):
+        raise ValueError(
+            f"direction must be 'denoise' (clean into corrupt) or 'noise' (corrupt into clean), got {direction!r}"
+        )
+    if isinstance(layout, Mapping):
+        for k, v in layout.items():
+            check_layout(v, f"layout[{k!r}]")
+    else:
+        check_layout(layout)
+    return parse_sites(model, sites, heads), n
+
+
+def run_with_cache(
+    model: nn.Module, inputs: Any, keys: Sequence[str], metric: Metric
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """One forward under no_grad: the metric (N,) and the outputs of the modules of `keys`, by call key."""
+    names = {parse_key(model, k, "sites")[0] for k in keys}
+    recorder = ActivationRecorder(model, lambda n, m: n in names, accumulate=False)
+    with torch.no_grad(), recorder:
+        out = call_model(model, inputs)
+    acts = recorder.results
+    missing = [k for k in keys if k not in acts]
+    if missing:
+        raise ValueError(
+            f"sites {', '.join(map(repr, missing))} never ran in the forward (or returned no tensor): nothing to patch"
+        )
+    return metric(out), acts
+
+
+def one_call(key: str) -> str:
+    """The `intervene` key of exactly the call a site key names: sites follow `hookviz.record` ("relu" is the first
+    call), while an `intervene` key without "#" edits every call."""
+    return key if "#" in key else f"{key}#0"
+
+
+def layout_of(layout: Any, key: str) -> str | None:
+    return layout.get(key) if isinstance(layout, Mapping) else layout
+
+
+def patching(
+    model: nn.Module,
+    clean: Any,
+    corrupt: Any,
+    metric: Metric,
+    sites: str | Sequence[str] | Mapping[str, str],
+    *,
+    heads: int | None = None,
+    layout: str | Mapping[str, str] | None = None,
+    batch_size: int = 512,
+    direction: Literal["denoise", "noise"] = "denoise",
+    eval_mode: bool = True,
+) -> PatchingResult:
+    """Activation patching: the metric of the corrupted run with each site patched from the clean run.
+
+    Args:
+        model: any module; it comes back exactly as it was.
+        clean, corrupt: inputs of the same shapes (tensors (N, ...), tuples of positional arguments or dicts of keyword
+            arguments): sample i of one is paired with sample i of the other.
+        metric: ``metric(output) -> (N,)``, one value per sample (e.g. a logit difference, the logit of the clean
+            class); it always sees N rows aligned with `clean` / `corrupt`, so it may use per-sample labels. Samples
+            must not interact in the forward (eval-mode BatchNorm is fine).
+        sites: a layer key, a list of them (one site per layer), or ``{key: kind}``, kind ``"layer"``,
+            ``"channel"``, ``"token"`` (tokens layout), ``"spatial"`` (every (y, x) cell; NCHW / NHWC) or ``"head"``
+            (the feature axis split into `heads` equal slices: the concatenated head outputs, e.g. the input of an
+            attention's output projection). Keys follow `hookviz.record` (``"relu#1"``: second call).
+        heads: the number of heads for ``"head"`` sites.
+        layout: ``"nchw"``, ``"nhwc"``, ``"tokens"`` (or a dict per key); None infers (4-D NCHW, 3-D tokens).
+        batch_size: at most this many rows (sites x samples, at least N) per forward pass.
+        direction: ``"denoise"`` patches clean activations into the corrupted run (default), ``"noise"`` corrupted
+            ones into the clean run.
+        eval_mode: run in eval mode (restored after).
+
+    Returns a `PatchingResult`: ``result[key]`` is (N, *grid) metric values; ``result.normalized()`` the fraction of
+    the effect each site restores; ``result.table()`` one row per site. Cost: ceil(sites x N / batch_size) forward
+    passes per layer, plus two.
+    """
+    kinds, n = check_patching_args(model, clean, corrupt, metric, sites, heads, layout, direction)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int (rows per forward), got {batch_size!r}")
+    source_in, target_in = (clean, corrupt) if direction == "denoise" else (corrupt, clean)
+    with prepared(model, eval_mode):
+        m_clean, acts = run_with_cache(model, clean, list(kinds), metric)
+        m_clean = _check_metric_value(m_clean, n)
+        with torch.no_grad():
+            m_corrupt = _check_metric_value(metric(call_model(model, corrupt)), n)
+        if direction == "noise":
+            _, acts = run_with_cache(model, corrupt, list(kinds), metric)
+        values = {}
+        per_forward = max(1, batch_size // n)
+        for key, kind in kinds.items():
+            source = acts[key]
+            axes = (
+                None
+                if kind == "layer"
+                else edit_axes(source.dim(), layout_of(layout, key), where=f"layout for {key!r}")
+            )
+            index, grid = site_index(source.shape, axes, kind, heads, key)
+            index = index.to(source.device)
+            n_sites = max(1, int(torch.tensor(grid).prod().item()) if grid else 1)
+            out = []
+            for start in range(0, n_sites, per_forward):
+                ids = torch.arange(start, min(n_sites, start + per_forward), device=source.device)
+                out.append(_patched_chunk(model, target_in, source, index, ids, key, metric, n))
+            values[key] = torch.cat(out, 0).reshape(*grid, n).movedim(-1, 0) if grid else out[0][0]
+    return PatchingResult(values, m_clean, m_corrupt, kinds, direction, "exact")
+
+
+def _patched_chunk(
+    model: nn.Module, target_in: Any, source: Tensor, index: Tensor, ids: Tensor, key: str, metric: Metric, n: int,
+) -> Tensor:  # fmt: skip
+    """The metric (k, N) of k copies of the target run, copy j with the elements of site ``ids[j]`` patched."""
+    k = ids.numel()
+    view = (k,) + (1,) * source.dim()
+    mask = index.unsqueeze(0) == ids.reshape(view)  # (k, 1, *one sample) bool
+
+    def patch(a: Tensor) -> Tensor:
+        a = a.reshape(k, n, *a.shape[1:])
+        return torch.where(mask, source.unsqueeze(0).to(a.dtype), a).reshape(k * n, *a.shape[2:])
+
+    with torch.no_grad(), intervene(model, {one_call(key): patch}):
+        out = call_model(model, expand_inputs(target_in, k))
+    # the metric sees N rows aligned with the inputs (it may close over per-sample labels), once per copy
+    return torch.stack([_check_metric_value(metric(slice_rows(out, j * n, (j + 1) * n)), n) for j in range(k)])
+
+
+def slice_rows(out: Any, start: int, stop: int) -> Any:
+    """Rows start:stop of a model output: a tensor, a tuple / list / dict of them (Hugging Face outputs are dicts)."""
+    if isinstance(out, Tensor):
+        return out[start:stop] if out.dim() else out
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return type(out)(*(slice_rows(v, start, stop) for v in out))
+    if isinstance(out, tuple | list):
+        return type(out)(slice_rows(v, start, stop) for v in out)
+    if isinstance(out, Mapping):
+        sliced = {k: slice_rows(v, start, stop) for k, v in out.items()}
+        try:
+            return type(out)(**sliced)
+        except TypeError:
+            return sliced
+    raise TypeError(
+        f"cannot split a model output of type {type(out).__name__} per site; return tensors, tuples or dicts"
+    )
