@@ -46,6 +46,9 @@ from .metrics import (
     sanity_check,
 )
 from .record import ActivationRecorder, GradientRecorder
+
+# the function shadows its subpackage on purpose: hv.report(...) is the API; `from hookviz.report import x` works
+from .report import report
 from .targets import Targets, batched_grad
 from .text import TokenExplanation
 
@@ -105,6 +108,7 @@ __all__ = [
     "insertion",
     "load_explanations",
     "load_images",
+    "report",
     "metrics",
     "pointing_game",
     "sanity_check",

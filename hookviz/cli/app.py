@@ -15,6 +15,7 @@ from .dataset import EXPLAIN_DATASET_DESCRIPTION, _explain_dataset
 from .demo import _demo
 from .evaluate import EVALUATE_DESCRIPTION, EVALUATE_METHODS, _evaluate
 from .explain import EXPLAIN_DESCRIPTION, _explain
+from .report import _report, add_evaluate_option, add_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -194,6 +195,8 @@ def _parser() -> argparse.ArgumentParser:
         help="as for hookviz explain: unpickle a whole-model PATH.pt (runs code from the file: only files you trust)",
     )
     ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    add_evaluate_option(ev)
+    add_parser(sub)
     return parser
 
 
@@ -202,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     commands = {"demo": _demo, "explain": _explain, "explain-dataset": _explain_dataset, "evaluate": _evaluate}
+    commands["report"] = _report
     if args.command in commands:
         try:
             return commands[args.command](args)

@@ -13,6 +13,7 @@ from torch import nn
 
 from .common import UsageError, _parse_device, _parse_methods
 from .models import IMAGENET_MEAN, IMAGENET_STD, _load_model
+from .report import sanity_figure_for_report, write_evaluate_report
 
 EVALUATE_METHODS = (
     "saliency,input-x-gradient,integrated-gradients,smoothgrad,guided-backprop,deconvnet,gradcam,gradcam++,"
@@ -96,6 +97,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         if args.sanity_n == 0:
             raise UsageError("--sanity-figure needs --sanity-n >= 1 images")
     device = _parse_device(args.device)
+    sanity_tmp = sanity_figure_for_report(args)
 
     data = shapes(n, seed=args.seed)
     if args.model == "shapes":
@@ -208,4 +210,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
         print(f"wrote {out.resolve()}", file=sys.stderr)
+    if args.report is not None:
+        write_evaluate_report(args, methods, model, data, result, sanity_tmp)
     return 0

@@ -30,6 +30,7 @@ from ..inputs import model_device
 from ..methods.base import Attribution
 from . import store as _store
 from .distributed import World, current_world, process_group
+from .source import describe_data
 from .store import DTYPES, MANIFEST, ExplanationStore
 
 DatasetTarget = "int | str | Callable[[Any], Tensor] | None"
@@ -310,6 +311,7 @@ def explain_dataset(
     resume: bool = True,
     overwrite: bool = False,
     progress: bool = True,
+    report: bool | str | os.PathLike[str] = False,
 ) -> ExplanationStore:
     """Explain every item of `data` with `method` and store the maps as shards under `out`; returns the store.
 
@@ -332,6 +334,7 @@ def explain_dataset(
             ``resume=False`` an existing run is refused too.
         overwrite: delete the run found in `out` (only its own files) and start again.
         progress: a tqdm bar with images/s (when tqdm is installed; rank 0 only).
+        report: also write a static HTML report of the maps (`hookviz.report`): True for ``out/report``, or a folder.
 
     Crash safety: each shard is written to a temporary name, fsync'ed and renamed atomically, then the manifest is
     rewritten the same way, so a run killed at any point (SIGKILL included) and run again yields exactly the maps of
@@ -353,6 +356,8 @@ def explain_dataset(
         raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
         raise ValueError(f"shard_size must be an int >= 1, got {shard_size!r}")
+    if not isinstance(report, (bool, str, os.PathLike)):
+        raise TypeError(f"report must be a bool or a folder path, got {type(report).__name__}")
     spec = _target_spec(target)
     src = _source(data, batch_size, num_workers, needs_labels=spec["kind"] == "label")
     out = _check_out(out)
@@ -375,6 +380,7 @@ def explain_dataset(
         "item_shape": list(src.item_shape),
         "versions": {"hookviz": _hookviz_version(), "torch": torch.__version__},
         "world_size": world.size,
+        "data": describe_data(src.dataset),
     }
     stored, _ = _stored_records(out)
     if stored is not None and not overwrite:
@@ -420,7 +426,12 @@ def explain_dataset(
         if world.rank == 0:
             _finish(out, header, num_shards, map_shape)
         world.barrier()
-    return ExplanationStore(out)
+    store = ExplanationStore(out)
+    if report is not False and world.rank == 0:
+        from ..report import report as write_report  # presentation sits above the data sets: reached only on request
+
+        write_report(store, out / "report" if report is True else report, data=src.dataset, model=method.model)
+    return store
 
 
 def _shard_ok(out: Path, record: Mapping[str, Any]) -> bool:
