@@ -184,7 +184,7 @@
   // ------------------------------------------------------------------ the grid
   function metricText(m, i) {
     const out = [];
-    if (m.targets && m.targets[i] >= 0) out.push(el("span", { textContent: "target " + cls(m.targets[i]) + (m.scores && m.scores[i] !== null ? " (" + fmt(m.scores[i], 2) + ")" : "") }));
+    if (m.targets && m.targets[i] >= 0) out.push(el("span", { textContent: "target " + cls(m.targets[i]) + (m.scores && m.scores[i] !== null ? ", score " + fmt(m.scores[i], 2) : "") }));
     for (const name of D.metrics) if (m.metrics[name]) out.push(el("span", { textContent: name + ": " + fmt(m.metrics[name][i]) }));
     return el("div", { className: "metrics" }, ...out);
   }
