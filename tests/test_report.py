@@ -226,6 +226,15 @@ def test_stores_over_different_images(tmp_path, stores, model):
         hv.report([stores[0], fewer], tmp_path / "r")
     with pytest.raises(ValueError, match=r"data has 11 items but the stores hold maps of 12"):
         hv.report(stores[0], tmp_path / "r", data=ShapesDataset(N - 1, seed=5))
+    multi = tmp_path / "multi"
+    multi.mkdir()
+    for f in stores[0].iterdir():
+        if f.is_file():
+            (multi / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((multi / MANIFEST).read_text())
+    (multi / MANIFEST).write_text(json.dumps({**manifest, "multi_target": True}))
+    with pytest.raises(ValueError, match=r"holds K targets per image \(multi_target\); the report shows one map"):
+        hv.report(multi, tmp_path / "r")
     with pytest.raises(ValueError, match=r"stores must hold maps of the same images: 'b' has 3 maps, not 2"):
         hv.report({"a": torch.zeros(2, 1, 4, 4), "b": torch.zeros(3, 1, 4, 4)}, tmp_path / "r")
 

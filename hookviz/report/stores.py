@@ -72,6 +72,12 @@ def read_stores(stores: Any) -> list[Column]:
             f"stores must be a store directory, an ExplanationStore or a non-empty list of them, got {stores!r}"
         )
     opened = [open_store(s) for s in items]
+    for s in opened:
+        if s.manifest.get("multi_target"):
+            raise ValueError(
+                f"stores: {str(s.root)!r} holds K targets per image (multi_target); the report shows one map per image "
+                "and method: explain with one target per image (target=None, an int or 'label')"
+            )
     first = opened[0]
     for other in opened[1:]:
         for key, what in (("items", "number of items"), ("item_shape", "image shape"), ("data", "data set")):
@@ -85,10 +91,7 @@ def read_stores(stores: Any) -> list[Column]:
     names = [f"{n} ({names[:i].count(n) + 1})" if names.count(n) > 1 else n for i, n in enumerate(names)]
     columns = []
     for name, s in zip(names, opened, strict=True):
-        targets, scores = s.targets, s.scores
-        if targets.dim() > 1:  # K targets per item: the report shows the first
-            targets, scores = targets[:, 0], scores[:, 0]
-        columns.append(Column(name, s, targets, scores, _display_defaults(s.manifest), s.manifest))
+        columns.append(Column(name, s, s.targets, s.scores, _display_defaults(s.manifest), s.manifest))
     return columns
 
 

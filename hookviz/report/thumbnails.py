@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from .. import display as _display
+from ..display_options import resolve_options
 from ..explanation import Explanation
 from .sources import Items
 from .stores import Column
@@ -48,7 +49,7 @@ def render(column: Column, images: Tensor, start: int, stop: int) -> Tensor:
         method=column.name,
         display=column.display,
     )
-    return exp.overlay() if exp._options("report", overlay=None)["overlay"] else exp.heatmap()
+    return exp.overlay() if resolve_options(column.display, "report", {})["overlay"] else exp.heatmap()
 
 
 def write_block(
