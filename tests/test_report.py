@@ -66,10 +66,13 @@ def test_files_thumbnails_and_items(built, stores, model, data):
         p = model(data.shapes.images).softmax(dim=1)
     assert d["preds"] == p.argmax(dim=1).tolist()
     np.testing.assert_allclose(d["probs"], p.max(dim=1).values.numpy(), atol=1e-4)
-    for i in range(N):
-        assert Image.open(out / "img" / f"{i}.png").size == (64, 64)
-        for j in range(len(METHODS)):
-            assert (out / "m" / str(j) / f"{i}.png").is_file()
+    # thumbnails: one sprite sheet of N tiles side by side per column (N < 64 items: one sheet)
+    sheet = np.asarray(Image.open(out / "img" / "0.png").convert("RGB"))
+    assert sheet.shape == (64, 64 * N, 3)
+    want_img = hv.display.to_uint8(data.shapes.images).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_array_equal(sheet[:, 64 * 3 : 64 * 4], want_img[3])
+    for j in range(len(METHODS)):
+        assert Image.open(out / "m" / str(j) / "0.png").size == (64 * N, 64)
     # the Grad-CAM thumbnail is exactly what Explanation.overlay draws with the method's display defaults
     store = hv.load_explanations(stores[0])
     exp = Explanation(
@@ -82,9 +85,9 @@ def test_files_thumbnails_and_items(built, stores, model, data):
         display=dict(hv.GradCAM.display_defaults),
     )
     want = hv.display.to_uint8(exp.overlay()).permute(0, 2, 3, 1).numpy()
+    sheet = np.asarray(Image.open(out / "m" / "0" / "0.png").convert("RGB"))
     for i in (0, 7):
-        got = np.asarray(Image.open(out / "m" / "0" / f"{i}.png").convert("RGB"))
-        np.testing.assert_array_equal(got, want[i])
+        np.testing.assert_array_equal(sheet[:, 64 * i : 64 * (i + 1)], want[i])
     # Saliency is shown beside the image (display default overlay False): a grey map, not the image
     exp = Explanation(
         hv.load_explanations(stores[2])[0:1],
@@ -95,7 +98,7 @@ def test_files_thumbnails_and_items(built, stores, model, data):
         "saliency",
         display=dict(hv.Saliency.display_defaults),
     )
-    got = np.asarray(Image.open(out / "m" / "2" / "0.png").convert("RGB"))
+    got = np.asarray(Image.open(out / "m" / "2" / "0.png").convert("RGB"))[:, :64]
     np.testing.assert_array_equal(got, hv.display.to_uint8(exp.heatmap())[0].permute(1, 2, 0).numpy())
 
 

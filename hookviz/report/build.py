@@ -23,8 +23,8 @@ from .scores import item_scores, metric_names, summary
 from .sources import Items, predict, recorded_model, resolve_items
 from .stores import Column, read_stores
 
-#: items per thumbnail task (one batched render per method, then one PNG per item)
-THUMB_BLOCK = 256
+#: items per thumbnail task (one batched render per method, then one PNG per sprite sheet); a multiple of SPRITE
+THUMB_BLOCK = 4 * thumbnails.SPRITE
 
 
 class _Locked:

@@ -12,12 +12,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .. import display as _display
 from .mapdata import BLOCK, detail_reduce
 from .sources import Items
 from .stores import Column
+from .thumbnails import SPRITE
 
 #: colour maps offered in the detail view (plus each method's own)
 CMAPS = ("jet", "viridis", "inferno", "magma", "gray", "bwr", "coolwarm", "RdBu_r")
@@ -40,7 +42,7 @@ def _column(t: Tensor | None, digits: int = 4) -> list[Any] | None:
 
 
 def _lut(cmap: str) -> str:
-    rgb = _display.to_uint8(_display._lut(cmap, _display.torch.device("cpu")))
+    rgb = _display.to_uint8(_display._lut(cmap, torch.device("cpu")))
     return base64.b64encode(rgb.contiguous().numpy().tobytes()).decode("ascii")
 
 
@@ -96,6 +98,7 @@ def site_data(
         "hasFull": tuple(full) != tuple(thumb),
         "hasImages": items.images is not None,
         "block": BLOCK,
+        "sprite": SPRITE,
         "luts": {c: _lut(c) for c in cmaps},
         "percentile": _display.DEFAULT_PERCENTILE,
     }

@@ -188,12 +188,19 @@
     for (const name of D.metrics) if (m.metrics[name]) out.push(el("span", { textContent: name + ": " + fmt(m.metrics[name][i]) }));
     return el("div", { className: "metrics" }, ...out);
   }
+  // one thumbnail: a tile of its sprite sheet (SPRITE items side by side in one PNG), loaded when it scrolls into view
+  function tile(folder, i, alt) {
+    const img = el("img", { src: folder + "/" + Math.floor(i / D.sprite) + ".png", alt, width: D.thumb[1], height: D.thumb[0], loading: "lazy", decoding: "async" });
+    img.className = "tile";
+    img.style.objectPosition = -(i % D.sprite) * D.thumb[1] + "px 0";
+    return img;
+  }
   function row(i) {
     const tr = el("tr", { tabIndex: 0 });
     tr.dataset.item = i;
     const label = known(D.labels) ? cls(D.labels[i]) : null;
     const alt = "image " + D.names[i] + (label ? ", a " + label : "");
-    const img = el("img", { src: "img/" + i + ".png", alt, width: D.thumb[1], height: D.thumb[0], loading: "lazy", decoding: "async" });
+    const img = tile("img", i, alt);
     const ok = correct(i);
     const info = el("td", {},
       el("div", { className: "item-name", textContent: D.names[i] }),
@@ -201,7 +208,7 @@
       el("div", { className: ok === null ? "" : ok ? "right" : "wrong", textContent: "prediction: " + (known(D.preds) ? cls(D.preds[i]) : "—") + (known(D.probs) ? " (" + fmt(D.probs[i], 2) + ")" : "") + (ok === false ? " ✗" : ok ? " ✓" : "") }));
     tr.append(el("td", {}, img), info);
     D.methods.forEach((m, j) => {
-      const t = el("img", { src: m.folder + "/" + i + ".png", alt: m.name + " map of " + D.names[i] + (m.targets && m.targets[i] >= 0 ? " for " + cls(m.targets[i]) : ""), width: D.thumb[1], height: D.thumb[0], loading: "lazy", decoding: "async" });
+      const t = tile(m.folder, i, m.name + " map of " + D.names[i] + (m.targets && m.targets[i] >= 0 ? " for " + cls(m.targets[i]) : ""));
       tr.append(el("td", {}, t, metricText(m, i)));
     });
     tr.addEventListener("click", () => openDetail(i));
@@ -320,8 +327,17 @@
   }
   function drawDetail(i, records) {
     const [H, W] = D.full;
-    const src = (D.hasFull ? "full/" : "img/") + i + ".png";
-    const figs = [el("figure", {}, el("img", { src, alt: "image " + D.names[i], width: W, height: H }), el("figcaption", { textContent: "image, " + W + "×" + H }))];
+    // the image: its own file when larger than a thumbnail, else its tile of the sheet, drawn on a canvas
+    const base = new Image();
+    base.src = D.hasFull ? "full/" + i + ".png" : "img/" + Math.floor(i / D.sprite) + ".png";
+    const region = D.hasFull ? [0, 0, W, H] : [(i % D.sprite) * D.thumb[1], 0, D.thumb[1], D.thumb[0]];
+    const paint = (ctx) => ctx.drawImage(base, ...region, 0, 0, W, H);
+    const whenLoaded = (f) => (base.complete && base.naturalWidth ? f() : base.addEventListener("load", f));
+    const picture = el("canvas", { width: W, height: H });
+    picture.setAttribute("role", "img");
+    picture.setAttribute("aria-label", "image " + D.names[i]);
+    whenLoaded(() => { paint(picture.getContext("2d")); picture.dataset.loaded = "1"; });
+    const figs = [el("figure", {}, picture, el("figcaption", { textContent: "image, " + W + "×" + H }))];
     const raws = D.methods.map((m, j) => rawMap(records, j, i));
     // one option set per method; "shared" scale pools the maps whose options agree (all of them unless overridden)
     const opts = D.methods.map(options);
@@ -332,7 +348,6 @@
       const out = normalizeMaps(js.map((j) => raws[j].values), opts[js[0]]);
       js.forEach((j, k) => { normed[j] = out[k]; });
     }
-    const base = figs[0].querySelector("img");
     D.methods.forEach((m, j) => {
       const o = opts[j], [c, h, w] = raws[j].shape, v = normed[j];
       const canvas = el("canvas", { width: W, height: H });
@@ -350,8 +365,7 @@
       if (o.overlay) {
         const layer = el("canvas", { width: W, height: H });
         layer.getContext("2d").putImageData(px, 0, 0);
-        const draw = () => { ctx.clearRect(0, 0, W, H); ctx.drawImage(base, 0, 0, W, H); ctx.drawImage(layer, 0, 0); };
-        base.complete ? draw() : base.addEventListener("load", draw);
+        whenLoaded(() => { ctx.clearRect(0, 0, W, H); paint(ctx); ctx.drawImage(layer, 0, 0); });
       } else ctx.putImageData(px, 0, 0);
       const cap = el("figcaption", {}, el("strong", { textContent: m.name }), " · " + o.mode + ", " + o.sign + ", " + o.cmap);
       cap.append(metricText(m, i));
