@@ -110,7 +110,7 @@ def main() -> None:
         times = []
         for _ in range(args.repeats):
             t = time.perf_counter()
-            index = hv.report(stores, report_dir, data=data, workers=w)
+            index = hv.report(stores, report_dir, data=data, workers=w, overwrite=True)
             times.append(time.perf_counter() - t)
         files = [p for p in report_dir.rglob("*") if p.is_file()]
         med = statistics.median(times)

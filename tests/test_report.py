@@ -294,3 +294,20 @@ def test_cli_evaluate_report(tmp_path, capsys):
     table = capsys.readouterr().out
     row = next(line for line in table.splitlines() if line.startswith("| gradcam"))
     assert row.split("|")[3].strip() in (out / "summary.html").read_text()  # the energy-in-mask mean, as printed
+
+
+def test_interrupted_build_is_rebuilt(tmp_path, stores, data, monkeypatch):
+    from hookviz.report import build
+
+    out = tmp_path / "r"
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build.thumbnails, "write_block", boom)
+    with pytest.raises(KeyboardInterrupt):
+        hv.report(stores[0], out, data=data, workers=1)
+    assert json.loads((out / MARKER).read_text())["complete"] is False
+    monkeypatch.undo()
+    hv.report(stores[0], out, data=data, workers=1)  # recognised as a report: no overwrite needed
+    assert json.loads((out / MARKER).read_text())["complete"] is True

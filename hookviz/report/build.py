@@ -151,7 +151,7 @@ def report(
         thumb=thumbnails.thumb_shape(*full),
         sanity=f"sanity{Path(sanity_figure).suffix.lower()}" if sanity_figure is not None else None,
     )
-    info = {"format": "hookviz-report", "items": n, "methods": [c.name for c in columns]}
+    info = {"format": "hookviz-report", "complete": True, "items": n, "methods": [c.name for c in columns]}
     mark(path, {**info, "seconds": round(time.perf_counter() - start, 3)})
     return path / "index.html"
 

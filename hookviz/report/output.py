@@ -28,15 +28,17 @@ def prepare_out(out: str | os.PathLike[str], overwrite: bool) -> Path:
             "to write the report into it anyway, or choose another folder"
         )
     path.mkdir(parents=True, exist_ok=True)
-    for name in (*OWN, MARKER):
+    for name in OWN:
         target = path / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
+    # marked first, so that a build killed halfway leaves a folder the next build recognises and replaces
+    mark(path, {"format": "hookviz-report", "complete": False})
     return path
 
 
 def mark(path: Path, info: dict) -> None:
-    """Written last: a folder with the marker holds a finished report."""
+    """The marker: written when the build starts (``complete`` false) and again when it ends."""
     (path / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
