@@ -7,9 +7,11 @@ Usage::
 
 The stores are made once with `explain_dataset` (shapes data set, embedded shapes model, target="label"; not timed).
 Then, per thread count in ``--workers``, the report is built ``--repeats`` times into the same folder (a rebuild
-replaces the previous report) and the median wall time is reported, with min and max, images/s, the report's size
-and file count, and the ratio to the fastest setting. The **floor** is one PNG encode per thumbnail (images and maps,
-already rendered, zlib level 1) on one thread: what any static report of these thumbnails must pay.
+replaces the previous report) and the median wall time is reported, with min and max, images/s, the CPU time of the
+process (all threads: on a shared machine, what the build would take on idle cores is about CPU time / workers), the
+report's size and file count, and the ratio to the fastest setting. The **floor**: PNG-encoding (zlib level 1, one
+thread) the images' own sprite sheets (64 thumbnails each), times 1 + the number of methods: what any static report
+of these thumbnails must pay, before rendering a map or writing the detail view's map files.
 
 First-page render: Chromium (``/usr/bin/chromium`` or ``HOOKVIZ_CHROMIUM``) through Playwright opens
 ``index.html`` from the file system ``--repeats`` times in fresh pages; the time runs from ``goto`` to the grid
@@ -55,19 +57,23 @@ def make_stores(root: Path, n: int, methods: list[str]) -> tuple[list[Path], Sha
     return paths, data
 
 
-def floor(n: int, columns: int) -> float:
-    """Seconds to PNG-encode n * (1 + columns) 64x64 RGB images on one thread, extrapolated from 2,000."""
-    from PIL import Image
+def floor(data: ShapesDataset, columns: int) -> float:
+    """Seconds to PNG-encode the images' sprite sheets on one thread, times 1 + columns."""
+    from hookviz.display import to_pil, to_uint8
 
-    rng = torch.Generator().manual_seed(0)
-    imgs = [
-        Image.fromarray(torch.randint(0, 256, (64, 64, 3), generator=rng, dtype=torch.uint8).numpy()) for _ in range(64)
-    ]
-    k = 2000
+    pixels = to_uint8(data.shapes.images)
     t = time.perf_counter()
-    for i in range(k):
-        imgs[i % 64].save(io.BytesIO(), format="PNG", compress_level=1)
-    return (time.perf_counter() - t) / k * n * (1 + columns)
+    for a in range(0, pixels.shape[0], 64):
+        sheet = torch.cat(pixels[a : a + 64].unbind(0), dim=-1)
+        to_pil(sheet).save(io.BytesIO(), format="PNG", compress_level=1)
+    return (time.perf_counter() - t) * (1 + columns)
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def render_times(index: Path, repeats: int) -> list[float]:
@@ -103,15 +109,17 @@ def main() -> None:
     ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
     root = Path(args.root)
+    load_start = os.getloadavg()
     stores, data = make_stores(root / "stores", args.n, args.methods)
     rows = []
     report_dir = root / "report"
     for w in args.workers:
-        times = []
+        times, cpu = [], []
         for _ in range(args.repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu_seconds()
             index = hv.report(stores, report_dir, data=data, workers=w, overwrite=True)
             times.append(time.perf_counter() - t)
+            cpu.append(_cpu_seconds() - c)
         files = [p for p in report_dir.rglob("*") if p.is_file()]
         med = statistics.median(times)
         rows.append(
@@ -121,6 +129,8 @@ def main() -> None:
                 "min_s": round(min(times), 2),
                 "max_s": round(max(times), 2),
                 "images_per_s": round(args.n / med, 1),
+                # CPU time of all threads: on a loaded machine, wall time / this tells how much of the cores it got
+                "cpu_s_median": round(statistics.median(cpu), 1),
                 "files": len(files),
                 "mbytes": round(sum(p.stat().st_size for p in files) / 2**20, 1),
             }
@@ -133,8 +143,9 @@ def main() -> None:
         "n": args.n,
         "methods": args.methods,
         "rows": rows,
-        "floor_png_encode_1_thread_s": round(floor(args.n, len(args.methods)), 2),
+        "floor_png_encode_1_thread_s": round(floor(data, len(args.methods)), 2),
         "cpus": os.cpu_count(),
+        "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
         "torch": torch.__version__,
         "python": platform.python_version(),
