@@ -55,6 +55,9 @@ from .metrics import (
     sanity_check,
 )
 from .record import ActivationRecorder, GradientRecorder
+
+# the function shadows its subpackage on purpose: hv.report(...) is the API; `from hookviz.report import x` works
+from .report import report
 from .targets import Targets, batched_grad
 from .text import TokenExplanation
 
@@ -127,6 +130,7 @@ __all__ = [
     "intervene",
     "load_explanations",
     "load_images",
+    "report",
     "metrics",
     "patching",
     "patching_figure",

@@ -34,6 +34,11 @@ LAYERS: list[str] = [
     "hookviz.inputs",
     "hookviz.images",
     "hookviz.layouts",
+    # the shapes data set, its model and weights (they use only the foundation and images)
+    "hookviz.zoo.data",
+    "hookviz.zoo.model",
+    "hookviz.zoo.train",
+    "hookviz.zoo",
     # attribution methods (never import presentation: `visualize` reaches it through hookviz._present)
     "hookviz.methods.scope",
     "hookviz.methods.forward",
@@ -85,14 +90,10 @@ LAYERS: list[str] = [
     "hookviz.metrics",
     "hookviz.dataset.distributed",
     "hookviz.dataset.store",
+    "hookviz.dataset.source",
     "hookviz.dataset.run",
     "hookviz.dataset",
     "hookviz.report.*",
-    # the shapes data set, its model and weights
-    "hookviz.zoo.data",
-    "hookviz.zoo.model",
-    "hookviz.zoo.train",
-    "hookviz.zoo",
     # adapters to training frameworks
     "hookviz.integrations.*",
     # the public API, then the command line on top of it
@@ -102,6 +103,7 @@ LAYERS: list[str] = [
     "hookviz.cli.demo",
     "hookviz.cli.explain",
     "hookviz.cli.dataset",
+    "hookviz.cli.report",
     "hookviz.cli.evaluate",
     "hookviz.cli.features",
     "hookviz.cli.app",

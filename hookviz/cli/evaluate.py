@@ -13,6 +13,7 @@ from torch import nn
 
 from .common import UsageError, _parse_device, _parse_methods
 from .models import IMAGENET_MEAN, IMAGENET_STD, _load_model
+from .report import add_evaluate_option, sanity_figure_for_report, write_evaluate_report
 
 EVALUATE_METHODS = (
     "saliency,input-x-gradient,integrated-gradients,smoothgrad,guided-backprop,deconvnet,gradcam,gradcam++,"
@@ -74,6 +75,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     n = _parse_data(args.data)
     _check_args(args)
     device = _parse_device(args.device)
+    sanity_tmp = sanity_figure_for_report(args)
     data = shapes(n, seed=args.seed)
     model, described = _model(args, data.images.shape[-1])
     model = model.to(device).eval()
@@ -98,6 +100,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     if caught:
         print(f"note: {len(caught)} warning(s) during the evaluation; the first: {caught[0].message}", file=sys.stderr)
     _print_table(result, args, n, described)
+    if args.report is not None:
+        write_evaluate_report(args, methods, model, data, result, sanity_tmp)
     return 0
 
 
@@ -321,4 +325,5 @@ def add_parser(sub: Any) -> None:
         help="as for hookviz explain: unpickle a whole-model PATH.pt (runs code from the file: only files you trust)",
     )
     ev.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    add_evaluate_option(ev)
     ev.set_defaults(run=_evaluate)

@@ -27,12 +27,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data import default_collate as _default_collate
 
 from .._checks import int_option
+from .._present import present
 from .._progress import progress_bar
 from ..inputs import model_device
 from ..methods.base import Attribution
 from ..targets import Targets
 from . import store as _store
 from .distributed import World, current_world, process_group
+from .source import describe_data
 from .store import DTYPES, MANIFEST, ExplanationStore
 
 DatasetTarget = "int | str | Callable[[Any], Tensor] | None"
@@ -361,6 +363,7 @@ def explain_dataset(
     overwrite: bool = False,
     progress: bool = True,
     forward_kwargs: dict[str, Any] | None = None,
+    report: bool | str | os.PathLike[str] = False,
 ) -> ExplanationStore:
     """Explain every item of `data` with `method` and store the maps as shards under `out`; returns the store.
 
@@ -386,6 +389,7 @@ def explain_dataset(
         forward_kwargs: keyword arguments of the model's ``forward`` (e.g. ``{"attention_mask": masks}``): tensors
             with one row per data set item (first dimension ``len(data)``) are sliced to each batch's items, in data
             set order; anything else is passed to every batch as it is (see `Attribution.attribute`).
+        report: also write a static HTML report of the maps (`hookviz.report`): True for ``out/report``, or a folder.
 
     Crash safety: each shard is written to a temporary name, fsync'ed and renamed atomically, then the manifest is
     rewritten the same way, so a run killed at any point (SIGKILL included) and run again yields exactly the maps of
@@ -406,6 +410,8 @@ def explain_dataset(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
     int_option("shard_size", shard_size, "an int >= 1")
+    if not isinstance(report, (bool, str, os.PathLike)):
+        raise TypeError(f"report must be a bool or a folder path, got {type(report).__name__}")
     spec = _target_spec(target)
     src = _source(data, batch_size, num_workers, needs_labels=spec["kind"] == "label")
     _check_dataset_kwargs(forward_kwargs, len(src.dataset))
@@ -422,7 +428,11 @@ def explain_dataset(
         _mismatch(stored, header, job.out)
     with process_group(world):
         _run_shards(job, header, stored, world, overwrite, progress)
-    return ExplanationStore(job.out)
+    store = ExplanationStore(job.out)
+    if report is not False and world.rank == 0:
+        # the report sits above the data sets (presentation): reached through the seam it registers on import
+        present("report", store, job.out / "report" if report is True else report, data=src.dataset, model=method.model)
+    return store
 
 
 @dataclass
@@ -466,6 +476,7 @@ def _header(job: _Job, world: World) -> dict[str, Any]:
         "item_shape": list(job.src.item_shape),
         "versions": {"hookviz": _hookviz_version(), "torch": torch.__version__},
         "world_size": world.size,
+        "data": describe_data(job.src.dataset),
     }
 
 

@@ -34,7 +34,8 @@ from ..hooks import HookManager
 from ..inputs import check_finite
 from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resolve_targets
 from .base import Attribution, register
-from .gradient import _SIGNED_DISPLAY, _check_baseline, _one_baseline
+from .baseline import baseline_like, check_baseline
+from .gradient import _SIGNED_DISPLAY
 from .scope import acting, current_call
 
 _EPS = 1e-10  # captum's threshold below which a difference counts as zero
@@ -276,7 +277,7 @@ class DeepLift(Attribution):
     ) -> None:
         if baseline is None or isinstance(baseline, tuple):
             raise TypeError("baseline must be a number or a tensor that broadcasts to the inputs' shape")
-        _check_baseline(baseline)
+        check_baseline(baseline)
         if not isinstance(multiply_by_inputs, bool):
             raise TypeError(f"multiply_by_inputs must be True or False, got {multiply_by_inputs!r}")
         super().__init__(model, eval_mode=eval_mode, backward=backward)
@@ -286,7 +287,7 @@ class DeepLift(Attribution):
         self.coverage: dict[str, Any] | None = None
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
-        base = _one_baseline(self.baseline, x)  # shape errors before any work
+        base = baseline_like(self.baseline, x)  # shape errors before any work
         self.last_delta = None
         return super()._explain(x, target, baseline=base, **kwargs)
 

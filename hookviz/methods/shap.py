@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._checks import positive_int
 from ..hooks import HookManager
 from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resolve_targets
 from .base import Attribution, register
 from .deeplift import _check_distribution, _check_distribution_shape, distribution
-from .gradient import _SIGNED_DISPLAY, _check_int
+from .gradient import _SIGNED_DISPLAY
 
 
 def draw(
@@ -63,7 +64,7 @@ class GradientShap(Attribution):
         backward: BackwardStrategy = "auto",
     ) -> None:
         _check_distribution(baselines)
-        n_samples = _check_int("n_samples", n_samples, 1, "draws per input")
+        n_samples = positive_int("n_samples", n_samples, "draws per input")
         if isinstance(stdevs, bool) or not isinstance(stdevs, int | float) or not stdevs >= 0:
             raise ValueError(f"stdevs must be a number >= 0 (the noise's standard deviation), got {stdevs!r}")
         if generator is not None and not isinstance(generator, torch.Generator):

@@ -98,6 +98,7 @@ class ShapesDataset(Dataset):
 
     def __init__(self, n: int, *, seed: int = 0, size: int = 64) -> None:
         self.shapes = shapes(n, seed=seed, size=size)
+        self.seed, self.size = seed, size  # recorded by explain_dataset, so a report can redraw the images
         self.classes = self.shapes.classes
 
     def __len__(self) -> int:

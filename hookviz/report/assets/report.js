@@ -1,0 +1,392 @@
+// hookviz report: the grid (sort, filter, pages, URL state) and the detail view (display modes redone from the
+// stored maps, as hookviz.display.normalize does them). Plain DOM, no framework; text is set with textContent only.
+"use strict";
+(function () {
+  const D = window.HV_DATA;
+  const PAGE = 50;
+  const EPS = 1e-8;
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, props, ...kids) => {
+    const e = document.createElement(tag);
+    Object.assign(e, props || {});
+    for (const k of kids) e.append(k);
+    return e;
+  };
+  const fmt = (v, d = 3) => (v === null || v === undefined ? "—" : Number(v).toFixed(d));
+  const cls = (k) => (k === null || k === undefined || k < 0 ? "—" : D.classes && k < D.classes.length ? D.classes[k] : String(k));
+  const known = (a) => Array.isArray(a);
+  const correct = (i) => (known(D.labels) && known(D.preds) ? D.labels[i] === D.preds[i] : null);
+
+  // ------------------------------------------------------------------ display maths (hookviz.display)
+  function applySign(a, sign) {
+    if (sign === "all") return a;
+    const out = new Float64Array(a.length);
+    for (let i = 0; i < a.length; i++) {
+      const v = a[i];
+      out[i] = sign === "positive" ? Math.max(v, 0) : sign === "negative" ? Math.max(-v, 0) : Math.abs(v);
+    }
+    return out;
+  }
+  function quantileAbs(a, q) {
+    const s = Float64Array.from(a, Math.abs).sort();
+    const pos = q * (s.length - 1), lo = Math.floor(pos), hi = Math.min(lo + 1, s.length - 1);
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo);
+  }
+  function massThreshold(a, percentile) {
+    const s = Float64Array.from(a, Math.abs).sort();
+    let total = 0;
+    for (const v of s) total += v;
+    const target = total * 0.01 * percentile;
+    let cum = 0, idx = 0;
+    for (; idx < s.length; idx++) { cum += s[idx]; if (cum >= target) break; }
+    const t = s[Math.min(idx, s.length - 1)];
+    return t > 0 ? t : 1;
+  }
+  // statistics of one mode over the values `a` (a Float64Array after the sign)
+  function statistics(a, mode, percentile) {
+    if (mode === "seed") {
+      let m = 0; for (const v of a) m += v; m /= a.length;
+      let q = 0; for (const v of a) q += (v - m) * (v - m);
+      return [m, Math.sqrt(q / a.length)];
+    }
+    if (mode === "minmax") { let lo = Infinity, hi = -Infinity; for (const v of a) { if (v < lo) lo = v; if (v > hi) hi = v; } return [lo, hi]; }
+    if (mode === "absmax") { let m = 0; for (const v of a) m = Math.max(m, Math.abs(v)); return [m, null]; }
+    if (mode === "percentile") return [quantileAbs(a, (percentile ?? D.percentile.percentile) / 100), null];
+    return [massThreshold(a, percentile ?? D.percentile.mass), null];
+  }
+  function normalizeWith(a, mode, signed, s1, s2) {
+    const out = new Float32Array(a.length);
+    const clip = (r) => (signed ? Math.min(1, Math.max(-1, r)) * 0.5 + 0.5 : Math.min(1, Math.max(0, r)));
+    for (let i = 0; i < a.length; i++) {
+      const v = a[i];
+      let r;
+      if (mode === "seed") r = Math.min(1, Math.max(0, ((v - s1) / (s2 + EPS)) * 0.1 + 0.5));
+      else if (mode === "minmax") r = Math.min(1, Math.max(0, (v - s1) / (s2 - s1 + EPS)));
+      else if (mode === "absmax") r = signed ? Math.min(1, Math.max(0, v / (2 * s1 + EPS) + 0.5)) : Math.min(1, Math.max(0, v / (s1 + EPS)));
+      else if (mode === "percentile") r = clip(v / (s1 + EPS));
+      else r = clip(v / s1);
+      out[i] = r;
+    }
+    return out;
+  }
+  // normalize several maps (arrays of raw values) with one option set; scale "shared": one set of statistics
+  function normalizeMaps(maps, o) {
+    const signed = o.sign === "all";
+    const vals = maps.map((m) => applySign(m, o.sign));
+    if (o.scale === "shared") {
+      const all = new Float64Array(vals.reduce((n, v) => n + v.length, 0));
+      let k = 0; for (const v of vals) { all.set(v, k); k += v.length; }
+      const [s1, s2] = statistics(all, o.mode, o.percentile);
+      return vals.map((v) => normalizeWith(v, o.mode, signed, s1, s2));
+    }
+    return vals.map((v) => { const [s1, s2] = statistics(v, o.mode, o.percentile); return normalizeWith(v, o.mode, signed, s1, s2); });
+  }
+  // bilinear resize of one (h, w) plane to (H, W), align_corners=False, as torch.nn.functional.interpolate
+  function resize(p, h, w, H, W) {
+    if (h === H && w === W) return p;
+    const out = new Float32Array(H * W), sy = h / H, sx = w / W;
+    for (let y = 0; y < H; y++) {
+      const fy = Math.max(0, (y + 0.5) * sy - 0.5), y0 = Math.floor(fy), y1 = Math.min(y0 + 1, h - 1), ly = fy - y0;
+      for (let x = 0; x < W; x++) {
+        const fx = Math.max(0, (x + 0.5) * sx - 0.5), x0 = Math.floor(fx), x1 = Math.min(x0 + 1, w - 1), lx = fx - x0;
+        out[y * W + x] = (1 - ly) * ((1 - lx) * p[y0 * w + x0] + lx * p[y0 * w + x1]) + ly * ((1 - lx) * p[y1 * w + x0] + lx * p[y1 * w + x1]);
+      }
+    }
+    return out;
+  }
+  const luts = {};
+  function lut(name) {
+    if (!luts[name]) luts[name] = Uint8Array.from(atob(D.luts[name]), (c) => c.charCodeAt(0));
+    return luts[name];
+  }
+  window.HV = window.HV || {};
+  window.HV.normalizeMaps = normalizeMaps; // for tests: compared with hookviz.display.normalize
+
+  // ------------------------------------------------------------------ the maps files (script tags: file:// safe)
+  const blocks = {}, waiting = {};
+  window.HV.maps = function (block, records) { blocks[block] = records; (waiting[block] || []).forEach((f) => f()); delete waiting[block]; };
+  function loadBlock(block) {
+    return new Promise((resolve, reject) => {
+      if (blocks[block]) return resolve(blocks[block]);
+      (waiting[block] = waiting[block] || []).push(() => resolve(blocks[block]));
+      if (waiting[block].length > 1) return;
+      const s = document.createElement("script");
+      s.src = "maps/" + String(block).padStart(5, "0") + ".js";
+      s.onerror = () => reject(new Error("cannot load " + s.src));
+      document.head.append(s);
+    });
+  }
+  // raw values of item i's map from method j: Float64Array of C*h*w, with its shape
+  function rawMap(records, j, i) {
+    const r = records[j], [c, h, w] = r.shape, size = c * h * w, k = i % D.block;
+    if (!r.codes) { const b = atob(r.data); const u = new Uint8Array(b.length); for (let q = 0; q < b.length; q++) u[q] = b.charCodeAt(q); r.codes = new Uint16Array(u.buffer); }
+    const lo = r.lo[k], span = r.hi[k] - lo, out = new Float64Array(size);
+    for (let q = 0; q < size; q++) out[q] = lo + (r.codes[k * size + q] / 65535) * span;
+    return { values: out, shape: [c, h, w] };
+  }
+
+  // ------------------------------------------------------------------ state in the URL
+  const state = { q: "", cls: "", ok: "", sort: "index", dir: "asc", fm: "", fop: "", fv: "", page: 1, item: "" };
+  function readHash() {
+    const p = new URLSearchParams(location.hash.slice(1));
+    for (const k of Object.keys(state)) if (p.has(k)) state[k] = k === "page" ? Math.max(1, parseInt(p.get(k), 10) || 1) : p.get(k);
+  }
+  function writeHash() {
+    const p = new URLSearchParams();
+    const defaults = { sort: "index", dir: "asc", page: 1 };
+    for (const [k, v] of Object.entries(state)) if (v !== "" && v !== defaults[k]) p.set(k, v);
+    const h = "#" + p.toString();
+    if (location.hash !== h) history.replaceState(null, "", h === "#" ? location.pathname + location.search : h);
+  }
+
+  // ------------------------------------------------------------------ sort keys and filters
+  function metricValues(key) { // "m|<method index>|<metric>" or "s|<method index>"
+    const [kind, j, metric] = key.split("|");
+    const m = D.methods[+j];
+    return kind === "s" ? m.scores : (m.metrics[metric] || null);
+  }
+  function sortKey() {
+    if (state.sort === "prob" && known(D.probs)) return D.probs;
+    if (state.sort === "name") return D.names;
+    if (state.sort.startsWith("m|") || state.sort.startsWith("s|")) return metricValues(state.sort);
+    return null;
+  }
+  let view = [];
+  function compute() {
+    const q = state.q.trim().toLowerCase();
+    const c = state.cls === "" ? null : +state.cls;
+    const fm = state.fm || $("fm").value; // the shown choice counts even before it was changed
+    const fvals = fm && state.fop && state.fv !== "" ? metricValues(fm) : null;
+    const fv = parseFloat(state.fv);
+    view = [];
+    for (let i = 0; i < D.n; i++) {
+      if (c !== null && (!known(D.labels) || D.labels[i] !== c)) continue;
+      if (state.ok && correct(i) !== (state.ok === "right")) continue;
+      if (fvals) { const v = fvals[i]; if (v === null || (state.fop === "lt" ? !(v < fv) : !(v > fv))) continue; }
+      if (q) {
+        const text = [D.names[i], known(D.labels) ? cls(D.labels[i]) : "", known(D.preds) ? cls(D.preds[i]) : ""].join(" ").toLowerCase();
+        if (!text.includes(q)) continue;
+      }
+      view.push(i);
+    }
+    const key = sortKey(), sgn = state.dir === "desc" ? -1 : 1;
+    if (key) {
+      view.sort((a, b) => {
+        const x = key[a], y = key[b];
+        if (x === null && y === null) return a - b;
+        if (x === null) return 1; // unknown values last, whatever the order
+        if (y === null) return -1;
+        return (x < y ? -1 : x > y ? 1 : a - b) * sgn;
+      });
+    } else if (sgn < 0) view.reverse();
+  }
+
+  // ------------------------------------------------------------------ the grid
+  function metricText(m, i) {
+    const out = [];
+    if (m.targets && m.targets[i] >= 0) out.push(el("span", { textContent: "target " + cls(m.targets[i]) + (m.scores && m.scores[i] !== null ? ", score " + fmt(m.scores[i], 2) : "") }));
+    for (const name of D.metrics) if (m.metrics[name]) out.push(el("span", { textContent: name + ": " + fmt(m.metrics[name][i]) }));
+    return el("div", { className: "metrics" }, ...out);
+  }
+  // one thumbnail: a tile of its sprite sheet (SPRITE items side by side in one PNG), loaded when it scrolls into view
+  function tile(folder, i, alt) {
+    const img = el("img", { src: folder + "/" + Math.floor(i / D.sprite) + ".png", alt, width: D.thumb[1], height: D.thumb[0], loading: "lazy", decoding: "async" });
+    img.className = "tile";
+    img.style.objectPosition = -(i % D.sprite) * D.thumb[1] + "px 0";
+    return img;
+  }
+  function row(i) {
+    const tr = el("tr", { tabIndex: 0 });
+    tr.dataset.item = i;
+    const label = known(D.labels) ? cls(D.labels[i]) : null;
+    const alt = "image " + D.names[i] + (label ? ", a " + label : "");
+    const img = tile("img", i, alt);
+    const ok = correct(i);
+    const info = el("td", {},
+      el("div", { className: "item-name", textContent: D.names[i] }),
+      el("div", { textContent: "label: " + (label ?? "—") }),
+      el("div", { className: ok === null ? "" : ok ? "right" : "wrong", textContent: "prediction: " + (known(D.preds) ? cls(D.preds[i]) : "—") + (known(D.probs) ? " (" + fmt(D.probs[i], 2) + ")" : "") + (ok === false ? " ✗" : ok ? " ✓" : "") }));
+    tr.append(el("td", {}, img), info);
+    D.methods.forEach((m, j) => {
+      const t = tile(m.folder, i, m.name + " map of " + D.names[i] + (m.targets && m.targets[i] >= 0 ? " for " + cls(m.targets[i]) : ""));
+      tr.append(el("td", {}, t, metricText(m, i)));
+    });
+    tr.addEventListener("click", () => openDetail(i));
+    return tr;
+  }
+  function pager() {
+    const pages = Math.max(1, Math.ceil(view.length / PAGE));
+    for (const nav of document.querySelectorAll(".pager")) {
+      nav.replaceChildren();
+      const add = (p, text) => {
+        const b = el("button", { type: "button", textContent: text || String(p) });
+        if (p === state.page && !text) b.setAttribute("aria-current", "page");
+        b.disabled = p < 1 || p > pages || (text && p === state.page);
+        b.addEventListener("click", () => { state.page = p; render(); document.querySelector("#grid tbody tr")?.focus(); });
+        nav.append(b);
+      };
+      add(state.page - 1, "‹ previous");
+      const shown = new Set([1, pages, state.page - 2, state.page - 1, state.page, state.page + 1, state.page + 2]);
+      let last = 0;
+      for (const p of [...shown].filter((p) => p >= 1 && p <= pages).sort((a, b) => a - b)) {
+        if (p > last + 1) nav.append(el("span", { textContent: "…" }));
+        add(p); last = p;
+      }
+      add(state.page + 1, "next ›");
+    }
+  }
+  function render() {
+    compute();
+    const pages = Math.max(1, Math.ceil(view.length / PAGE));
+    state.page = Math.min(state.page, pages);
+    const rows = view.slice((state.page - 1) * PAGE, state.page * PAGE).map(row);
+    document.querySelector("#grid tbody").replaceChildren(...rows);
+    $("count").textContent = view.length + " of " + D.n + " images" + (pages > 1 ? ", page " + state.page + " of " + pages : "");
+    pager();
+    writeHash();
+  }
+  function setupControls() {
+    $("source").textContent = D.source;
+    const head = el("tr", {}, el("th", { scope: "col", textContent: "image" }), el("th", { scope: "col", textContent: "label / prediction" }));
+    D.methods.forEach((m) => head.append(el("th", { scope: "col", textContent: m.name })));
+    document.querySelector("#grid thead").append(head);
+    if (D.classes || known(D.labels)) {
+      const seen = known(D.labels) ? [...new Set(D.labels)].sort((a, b) => a - b) : D.classes.map((_, k) => k);
+      for (const k of seen) $("cls").append(el("option", { value: String(k), textContent: cls(k) }));
+    } else $("cls").disabled = true;
+    if (!(known(D.labels) && known(D.preds))) $("ok").disabled = true;
+    const sort = $("sort");
+    sort.append(el("option", { value: "index", textContent: "data set order" }), el("option", { value: "name", textContent: "name" }));
+    if (known(D.probs)) sort.append(el("option", { value: "prob", textContent: "probability" }));
+    const fm = $("fm");
+    D.methods.forEach((m, j) => {
+      for (const name of D.metrics) if (m.metrics[name]) {
+        for (const s of [sort, fm]) s.append(el("option", { value: "m|" + j + "|" + name, textContent: m.name + ": " + name }));
+      }
+      if (m.scores && m.scores.some((v) => v !== null)) sort.append(el("option", { value: "s|" + j, textContent: m.name + ": target score" }));
+    });
+    if (!fm.options.length) fm.closest(".metric-filter").hidden = true;
+    const ids = ["q", "cls", "ok", "sort", "dir", "fm", "fop", "fv"];
+    const sync = () => { for (const k of ids) $(k).value = state[k]; if (!fm.value && fm.options.length) fm.selectedIndex = 0; };
+    sync();
+    for (const k of ids) $(k).addEventListener(k === "q" || k === "fv" ? "input" : "change", () => {
+      state[k] = $(k).value;
+      if (k === "fop" || k === "fv") state.fm = fm.value;
+      state.page = 1; render();
+    });
+    window.addEventListener("hashchange", () => { readHash(); sync(); render(); state.item !== "" ? openDetail(+state.item) : closeDetail(); });
+  }
+  document.addEventListener("keydown", (ev) => {
+    if (!$("detail").hidden) {
+      if (ev.key === "Escape") { ev.preventDefault(); closeDetail(); }
+      else if (ev.target.tagName !== "SELECT" && ev.target.tagName !== "INPUT" && (ev.key === "ArrowLeft" || ev.key === "ArrowRight")) { ev.preventDefault(); step(ev.key === "ArrowLeft" ? -1 : 1); }
+      return;
+    }
+    const tr = ev.target.closest && ev.target.closest("#grid tbody tr");
+    if (!tr) return;
+    if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); openDetail(+tr.dataset.item); }
+    else if (ev.key === "ArrowDown" || ev.key === "j") { ev.preventDefault(); (tr.nextElementSibling || tr).focus(); }
+    else if (ev.key === "ArrowUp" || ev.key === "k") { ev.preventDefault(); (tr.previousElementSibling || tr).focus(); }
+  });
+
+  // ------------------------------------------------------------------ the detail view
+  let current = null, returnFocus = null;
+  function step(d) {
+    const k = view.indexOf(current);
+    const next = view[k + d];
+    if (k >= 0 && next !== undefined) openDetail(next);
+  }
+  function closeDetail() {
+    if ($("detail").hidden) return;
+    $("detail").hidden = true;
+    state.item = ""; current = null; writeHash();
+    const back = document.querySelector('#grid tbody tr[data-item="' + returnFocus + '"]');
+    if (back) back.focus();
+  }
+  function options(m) {
+    const mode = $("d-mode").value || m.mode, sign = $("d-sign").value || m.sign;
+    const ov = $("d-overlay").value;
+    return { mode, sign, scale: $("d-scale").value, cmap: $("d-cmap").value || m.cmap, percentile: m.percentile,
+      overlay: (ov === "" ? m.overlay : ov === "on") && D.hasImages, alpha: parseFloat($("d-alpha").value) };
+  }
+  async function openDetail(i) {
+    if (!(i >= 0 && i < D.n)) return;
+    if ($("detail").hidden) returnFocus = i;
+    current = i; state.item = String(i); writeHash();
+    $("detail").hidden = false;
+    const label = known(D.labels) ? cls(D.labels[i]) : "—";
+    $("detail-title").textContent = D.names[i] === "#" + i ? "image #" + i : D.names[i] + " (#" + i + ")";
+    const info = $("detail-info");
+    info.replaceChildren("label: " + label + " · prediction: " + (known(D.preds) ? cls(D.preds[i]) : "—") + (known(D.probs) ? " (" + fmt(D.probs[i], 3) + ")" : "") + " · ");
+    if (D.files) info.append(el("a", { href: D.files[i], textContent: "source file" }));
+    else info.append(D.source);
+    $("detail-title").focus();
+    const records = await loadBlock(Math.floor(i / D.block));
+    if (current !== i) return;
+    drawDetail(i, records);
+  }
+  function drawDetail(i, records) {
+    const [H, W] = D.full;
+    // the image: its own file when larger than a thumbnail, else its tile of the sheet, drawn on a canvas
+    const base = new Image();
+    base.src = D.hasFull ? "full/" + i + ".png" : "img/" + Math.floor(i / D.sprite) + ".png";
+    const region = D.hasFull ? [0, 0, W, H] : [(i % D.sprite) * D.thumb[1], 0, D.thumb[1], D.thumb[0]];
+    const paint = (ctx) => ctx.drawImage(base, ...region, 0, 0, W, H);
+    const whenLoaded = (f) => (base.complete && base.naturalWidth ? f() : base.addEventListener("load", f));
+    const picture = el("canvas", { width: W, height: H });
+    picture.setAttribute("role", "img");
+    picture.setAttribute("aria-label", "image " + D.names[i]);
+    whenLoaded(() => { paint(picture.getContext("2d")); picture.dataset.loaded = "1"; });
+    const figs = [el("figure", {}, picture, el("figcaption", { textContent: "image, " + W + "×" + H }))];
+    const raws = D.methods.map((m, j) => rawMap(records, j, i));
+    // one option set per method; "shared" scale pools the maps whose options agree (all of them unless overridden)
+    const opts = D.methods.map(options);
+    const groups = {};
+    D.methods.forEach((m, j) => { const key = opts[j].scale === "shared" ? JSON.stringify([opts[j].mode, opts[j].sign, opts[j].percentile]) : "own" + j; (groups[key] = groups[key] || []).push(j); });
+    const normed = new Array(D.methods.length);
+    for (const js of Object.values(groups)) {
+      const out = normalizeMaps(js.map((j) => raws[j].values), opts[js[0]]);
+      js.forEach((j, k) => { normed[j] = out[k]; });
+    }
+    D.methods.forEach((m, j) => {
+      const o = opts[j], [c, h, w] = raws[j].shape, v = normed[j];
+      const canvas = el("canvas", { width: W, height: H });
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", m.name + " map of " + D.names[i] + ", " + o.mode + " mode, " + o.sign + " sign, " + o.scale + " scale" + (o.overlay ? ", over the image" : ""));
+      const px = new ImageData(W, H), table = lut(o.cmap);
+      const planes = [];
+      for (let ch = 0; ch < c; ch++) planes.push(resize(v.subarray(ch * h * w, (ch + 1) * h * w), h, w, H, W));
+      for (let q = 0; q < H * W; q++) {
+        if (c === 3) for (let ch = 0; ch < 3; ch++) px.data[4 * q + ch] = Math.round(planes[ch][q] * 255);
+        else { const idx = Math.min(255, Math.floor(Math.min(1, Math.max(0, planes[0][q])) * 256)); for (let ch = 0; ch < 3; ch++) px.data[4 * q + ch] = table[3 * idx + ch]; }
+        px.data[4 * q + 3] = o.overlay ? Math.round(o.alpha * 255) : 255;
+      }
+      const ctx = canvas.getContext("2d");
+      if (o.overlay) {
+        const layer = el("canvas", { width: W, height: H });
+        layer.getContext("2d").putImageData(px, 0, 0);
+        whenLoaded(() => { ctx.clearRect(0, 0, W, H); paint(ctx); ctx.drawImage(layer, 0, 0); });
+      } else ctx.putImageData(px, 0, 0);
+      const cap = el("figcaption", {}, el("strong", { textContent: m.name }), " · " + o.mode + ", " + o.sign + ", " + o.cmap);
+      cap.append(metricText(m, i));
+      figs.push(el("figure", {}, canvas, cap));
+    });
+    $("detail-maps").replaceChildren(...figs);
+    $("detail-maps").dataset.drawn = String(i);
+  }
+  function redraw() { if (current !== null && blocks[Math.floor(current / D.block)]) drawDetail(current, blocks[Math.floor(current / D.block)]); }
+
+  function start() {
+    for (const name of Object.keys(D.luts)) $("d-cmap").append(el("option", { value: name, textContent: name }));
+    for (const id of ["d-mode", "d-sign", "d-scale", "d-cmap", "d-overlay", "d-alpha"]) $(id).addEventListener("input", redraw);
+    $("close").addEventListener("click", closeDetail);
+    $("prev").addEventListener("click", () => step(-1));
+    $("next").addEventListener("click", () => step(1));
+    readHash();
+    setupControls();
+    render();
+    if (state.item !== "") openDetail(+state.item);
+    document.body.dataset.ready = "1";
+  }
+  start();
+})();
