@@ -9,8 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..flow import Alarm, GradientFlow
-from .session import _FlowSession
+from .session import _FlowSession, _FlowViews
 from .tracker import ExplanationTracker
 
 try:
@@ -22,7 +21,7 @@ except ImportError:  # pragma: no cover - the older package name
         raise ImportError("hookviz.integrations.lightning needs PyTorch Lightning: pip install lightning") from exc
 
 
-class GradientFlowCallback(pl.Callback):
+class GradientFlowCallback(_FlowViews, pl.Callback):
     """`GradientFlow` in a Lightning ``Trainer``: gradient norms per layer, dead ReLUs, vanishing / exploding / NaN
     alarms naming the first module that produced a non-finite value.
 
@@ -70,29 +69,6 @@ class GradientFlowCallback(pl.Callback):
             raise TypeError(f"module must be the name of an attribute of the LightningModule or None, got {module!r}")
         self.module = module
         self._session = _FlowSession(type(self).__name__, every, prefix, raise_on_alarm, flow_options)
-
-    @property
-    def every(self) -> int:
-        return self._session.every
-
-    @property
-    def flow(self) -> GradientFlow | None:
-        """The GradientFlow of the latest fit (its statistics stay readable after fit: ``callback.flow.report()``)."""
-        return self._session.last
-
-    @property
-    def alarms(self) -> list[Alarm]:
-        return [] if self._session.last is None else self._session.last.alarms
-
-    @property
-    def history(self) -> list[tuple[int, dict[str, float]]]:
-        """Every logged step: ``(global_step, scalars)``."""
-        return self._session.history
-
-    @property
-    def failed(self) -> str | None:
-        """Why the callback detached itself during training, or None."""
-        return self._session.failed
 
     # -- Lightning hooks ------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:

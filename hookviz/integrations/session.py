@@ -25,6 +25,36 @@ def _check_every(every: Any) -> int:
     return every
 
 
+class _FlowViews:
+    """What both callbacks show of their `_FlowSession` (``self._session``): the period, the latest GradientFlow,
+    its alarms, every logged step and why the callback detached itself."""
+
+    _session: _FlowSession
+
+    @property
+    def every(self) -> int:
+        return self._session.every
+
+    @property
+    def flow(self) -> GradientFlow | None:
+        """The GradientFlow of the latest run (its statistics stay readable after it: ``callback.flow.report()``)."""
+        return self._session.last
+
+    @property
+    def alarms(self) -> list[Alarm]:
+        return [] if self._session.last is None else self._session.last.alarms
+
+    @property
+    def history(self) -> list[tuple[int, dict[str, float]]]:
+        """Every logged step: ``(global_step, scalars)``."""
+        return self._session.history
+
+    @property
+    def failed(self) -> str | None:
+        """Why the callback detached itself during training, or None."""
+        return self._session.failed
+
+
 class _FlowSession:
     """One GradientFlow attached for one training run (see the module docs). `options`: GradientFlow's keywords."""
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..dataset import store as _store
+from ..inputs import model_device
 from ..methods import Attribution, get_method
 from ..targets import TargetSpec
 
@@ -106,7 +107,7 @@ class ExplanationTracker:
         the first image, its result thrown away (the model is left as it was)."""
         try:
             explainer = self._explainer(model)
-            explainer.attribute(self.images[:1].to(_device(model)), _first(self.target))
+            explainer.attribute(self.images[:1].to(model_device(model)), _first(self.target))
         except Exception as err:
             raise ValueError(
                 f"ExplanationTracker: the probe set {tuple(self.images.shape)} cannot be explained by this model "
@@ -121,7 +122,7 @@ class ExplanationTracker:
         """Explain the probe set with the model as it is now; keep (and store) the maps; return them (N, ...)."""
         explainer = self._explainer(model)
         with torch.no_grad():  # hookviz enables grad inside its own call; nothing else builds a graph
-            maps, targets = explainer.attribute_with_targets(self.images.to(_device(model)), self.target)
+            maps, targets = explainer.attribute_with_targets(self.images.to(model_device(model)), self.target)
         maps = maps.detach().to("cpu", _store.DTYPES[self.dtype])
         self.snapshots.append((int(step), epoch, maps))
         if self.store is not None:
@@ -273,11 +274,6 @@ def _first(target: TargetSpec) -> TargetSpec:
 def _short(target: Any) -> str:
     text = repr(target)
     return text if len(text) < 60 else text[:57] + "..."
-
-
-def _device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
 
 
 def _warn_failed(owner: str, step: int, err: BaseException) -> None:

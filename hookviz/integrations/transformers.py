@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..flow import Alarm, GradientFlow
-from .session import _FlowSession
+from .session import _FlowSession, _FlowViews
 from .tracker import ExplanationTracker
 
 try:
@@ -19,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - only without transformers
     raise ImportError("hookviz.integrations.transformers needs transformers: pip install transformers") from exc
 
 
-class GradientFlowCallback(TrainerCallback):
+class GradientFlowCallback(_FlowViews, TrainerCallback):
     """`GradientFlow` in a Hugging Face ``Trainer`` (see `hookviz.integrations.lightning.GradientFlowCallback`).
 
     Life cycle: attached to the Trainer's model in ``on_train_begin`` (bad input raises there); a step is taken in
@@ -51,28 +50,6 @@ class GradientFlowCallback(TrainerCallback):
         self._writer: Any = None
         self._own_writer = False
         self._session = _FlowSession(type(self).__name__, every, prefix, raise_on_alarm, flow_options)
-
-    @property
-    def every(self) -> int:
-        return self._session.every
-
-    @property
-    def flow(self) -> GradientFlow | None:
-        """The GradientFlow of the latest training run (readable after it)."""
-        return self._session.last
-
-    @property
-    def alarms(self) -> list[Alarm]:
-        return [] if self._session.last is None else self._session.last.alarms
-
-    @property
-    def history(self) -> list[tuple[int, dict[str, float]]]:
-        """Every logged step: ``(global_step, scalars)``."""
-        return self._session.history
-
-    @property
-    def failed(self) -> str | None:
-        return self._session.failed
 
     def detach(self) -> None:
         """Remove the hooks and close the writer (idempotent); ``on_train_end`` does it after a normal run."""
