@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._modes import training_restored
 from ..hooks import HookManager, select_modules
 from ..layouts import resolve_layout
 from .forward import ForwardArgs, as_tuple
@@ -81,82 +82,90 @@ def choose_layer(
     statistics are left alone; the modes are restored afterwards. The probe is an active call (`scope`): hooks of
     an enclosing hookviz call do not act on it.
     """
-    records: list[tuple[int, str, nn.Module]] = []  # 4-D maps, with their completion order
-    blocks: list[tuple[int, str, nn.Module]] = []  # blocks with (N, T, D) token outputs that fold into a grid
-    seen_blocks: dict[int, weakref.ref[Tensor]] = {}  # their outputs: a container returning its last block's is skipped
     first = as_tuple(x)[0]
-    size = tuple(first.shape[-2:]) if first.dim() == 4 else None
-    pooled: dict[int, weakref.ref[Tensor]] = {}  # outputs of pooling / pass-through modules, by id
-    norms: dict[int, tuple[int, str, nn.Module, weakref.ref[Tensor]]] = {}  # LayerNorms with a 3-D output, by id
-    attention_inputs: list[int] = []  # ids of the inputs of attention modules, in call order
-    order = [0]
+    probe = _Probe(model, tuple(first.shape[-2:]) if first.dim() == 4 else None)
+    with training_restored(model), active_call() as call, torch.no_grad(), HookManager(model) as hooks:
+        probe.call = call
+        model.eval()
+        hooks.forward(lambda name, module: name != "", probe.on_output, with_name=True)
+        if any(_is_attention(m) for m in model.modules()):
+            hooks.forward_pre(lambda name, module: _is_attention(module), probe.on_attention, with_kwargs=True)
+        xs = as_tuple(x)
+        try:
+            (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
+        except Exception as exc:
+            exc.add_note(
+                f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
+                f"given, shape {', '.join(str(tuple(t.shape)) for t in xs)}); the model's forward must accept "
+                "them as a batch (N, ...)"
+            )
+            raise
+    return probe.choice()
 
-    def known(table: dict[int, Any], t: Tensor) -> Any:
-        # weak references: no activation is kept alive, and an id reused by a later tensor is not mistaken for it
-        entry = table.get(id(t))
-        ref = entry[-1] if isinstance(entry, tuple) else entry
-        return entry if ref is not None and ref() is t else None
 
-    def on_output(name: str, module: nn.Module, args: Any, out: Any) -> None:
-        if not acting(call):
+def _known(table: dict[int, Any], t: Tensor) -> Any:
+    # weak references: no activation is kept alive, and an id reused by a later tensor is not mistaken for it
+    entry = table.get(id(t))
+    ref = entry[-1] if isinstance(entry, tuple) else entry
+    return entry if ref is not None and ref() is t else None
+
+
+class _Probe:
+    """What the probe forward pass of `choose_layer` saw, in order of completion: 4-D maps, token blocks whose
+    outputs fold into a grid, and LayerNorms that feed attention modules; `choice` applies the rule."""
+
+    def __init__(self, model: nn.Module, size: tuple[int, ...] | None) -> None:
+        self.model, self.size = model, size
+        self.call: Any = None  # the probe's active call: hooks of an enclosing hookviz call do not act on it
+        self.maps: list[tuple[int, str, nn.Module]] = []
+        self.blocks: list[tuple[int, str, nn.Module]] = []
+        self.seen_blocks: dict[int, weakref.ref[Tensor]] = {}  # a container returning its last block's is skipped
+        self.pooled: dict[int, weakref.ref[Tensor]] = {}  # outputs of pooling / pass-through modules, by id
+        self.norms: dict[int, tuple[int, str, nn.Module, weakref.ref[Tensor]]] = {}  # 3-D LayerNorm outputs, by id
+        self.attention_inputs: list[tuple[int, str, nn.Module]] = []  # LayerNorms feeding attention, in call order
+        self.order = 0
+
+    def on_output(self, name: str, module: nn.Module, args: Any, out: Any) -> None:
+        if not acting(self.call):
             return
-        order[0] += 1
+        self.order += 1
         if not isinstance(out, Tensor):
             return
-        if out.dim() == 4 and _pixels(name, out, size, module, model) > 1:
+        if out.dim() == 4 and _pixels(name, out, self.size, module, self.model) > 1:
             if isinstance(module, _NOT_CAM_LAYERS):
-                pooled[id(out)] = weakref.ref(out)
-            elif known(pooled, out) is None:  # containers whose output is a pooling layer's are skipped
-                records.append((order[0], name, module))
+                self.pooled[id(out)] = weakref.ref(out)
+            elif _known(self.pooled, out) is None:  # containers whose output is a pooling layer's are skipped
+                self.maps.append((self.order, name, module))
         elif out.dim() == 3 and isinstance(module, nn.LayerNorm):
-            norms[id(out)] = (order[0], name, module, weakref.ref(out))
-        elif out.dim() == 3 and next(module.children(), None) is not None and known(seen_blocks, out) is None:
-            if _pixels(name, out, size, module, model) > 1:
-                seen_blocks[id(out)] = weakref.ref(out)
-                blocks.append((order[0], name, module))
+            self.norms[id(out)] = (self.order, name, module, weakref.ref(out))
+        elif out.dim() == 3 and next(module.children(), None) is not None and _known(self.seen_blocks, out) is None:
+            if _pixels(name, out, self.size, module, self.model) > 1:
+                self.seen_blocks[id(out)] = weakref.ref(out)
+                self.blocks.append((self.order, name, module))
 
-    def on_attention(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not acting(call):
+    def on_attention(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not acting(self.call):
             return
         query = args[0] if args else kwargs.get("query", kwargs.get("hidden_states"))
         if isinstance(query, Tensor):
-            norm = known(norms, query)
+            norm = _known(self.norms, query)
             if norm is not None:
-                attention_inputs.append(norm[:3])
+                self.attention_inputs.append(norm[:3])
 
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        with active_call() as call, torch.no_grad(), HookManager(model) as hooks:
-            model.eval()
-            hooks.forward(lambda name, module: name != "", on_output, with_name=True)
-            if any(_is_attention(m) for m in model.modules()):
-                hooks.forward_pre(lambda name, module: _is_attention(module), on_attention, with_kwargs=True)
-            xs = as_tuple(x)
-            try:
-                (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
-            except Exception as exc:
-                exc.add_note(
-                    f"hookviz: raised while choosing a CAM layer automatically (one forward pass of the inputs as "
-                    f"given, shape {', '.join(str(tuple(t.shape)) for t in xs)}); the model's forward must accept "
-                    "them as a batch (N, ...)"
-                )
-                raise
-    finally:
-        for m, training in modes:
-            m.training = training
-    maps = records
-    tokens = attention_inputs
-    if tokens and (not maps or tokens[-1][0] > maps[-1][0]):
-        return tokens[-1][1:]
-    if blocks and (not maps or blocks[-1][0] > maps[-1][0]):
-        return blocks[-1][1:]
-    if not maps:
-        raise ValueError(
-            f"could not choose a CAM layer: no module of {type(model).__name__} outputs a 4-D (N, C, h, w) map with "
-            "more than one pixel for this input, no LayerNorm feeds a self-attention module and no block outputs "
-            "tokens that fold into a grid; pass layer= (a module or its dotted name)"
-        )
-    return maps[-1][1:]
+    def choice(self) -> tuple[str, nn.Module]:
+        """The LayerNorm feeding the last attention, else the last token block, if after the last map; else it."""
+        maps, tokens, blocks = self.maps, self.attention_inputs, self.blocks
+        if tokens and (not maps or tokens[-1][0] > maps[-1][0]):
+            return tokens[-1][1:]
+        if blocks and (not maps or blocks[-1][0] > maps[-1][0]):
+            return blocks[-1][1:]
+        if not maps:
+            raise ValueError(
+                f"could not choose a CAM layer: no module of {type(self.model).__name__} outputs a 4-D (N, C, h, w) "
+                "map with more than one pixel for this input, no LayerNorm feeds a self-attention module and no block "
+                "outputs tokens that fold into a grid; pass layer= (a module or its dotted name)"
+            )
+        return maps[-1][1:]
 
 
 def _pixels(name: str, out: Tensor, size: Any, module: nn.Module, model: nn.Module) -> int:
