@@ -61,7 +61,7 @@ def _features(args: argparse.Namespace) -> int:
         size, sd = args.size or 64, args.sd or 0.1
         titles = [CLASSES[u] if args.layer == "head" and 0 <= u < len(CLASSES) else f"{args.layer}:{u}" for u in units]
     else:
-        from ..inputs import IMAGENET
+        from ..images import IMAGENET
         from .models import _load_model
 
         model = _load_model(argparse.Namespace(**{**vars(args), "size": args.size}))[0]

@@ -149,7 +149,7 @@ register("lrp")(LRP)
 
 
 def _imagenet_bounds() -> tuple[Tensor, Tensor]:
-    from ...inputs import IMAGENET
+    from ...images import IMAGENET
 
     mean = torch.tensor(IMAGENET.mean).view(1, -1, 1, 1)
     std = torch.tensor(IMAGENET.std).view(1, -1, 1, 1)
