@@ -14,8 +14,21 @@ from typing import Any
 
 import pytest
 
-# what the dev extra of setup.cfg installs for the comparisons; tests/conftest.py checks them all under CI
-REFERENCE_LIBRARIES = ("captum.attr", "quantus", "scipy.ndimage", "scipy.stats")
+# what the dev extra of setup.cfg installs for the comparisons and the ecosystems tested against; tests/conftest.py
+# checks them all under CI, so no test file that imports one of them can skip there
+REFERENCE_LIBRARIES = (
+    "captum.attr",
+    "quantus",
+    "scipy.ndimage",
+    "scipy.stats",
+    "zennit",  # LRP against zennit (test_lrp)
+    "lucent.optvis.param",  # feature visualisation against lucent (test_featurevis)
+    "timm",  # the architectures (test_layouts, test_arch_sweep)
+    "transformers",  # Hugging Face outputs and the HF Trainer callback
+    "lightning.pytorch",  # the Lightning callbacks
+    "tensorboard",  # the callbacks' event files
+    "playwright.sync_api",  # the report in a real browser
+)
 
 
 def required() -> bool:
