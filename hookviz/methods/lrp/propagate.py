@@ -121,13 +121,17 @@ def _audit(call: _Call, r: Tensor, r_in: Tensor) -> None:
     call.entry.add(r.detach().flatten(1).sum(1), r_in.detach().flatten(1).sum(1))
 
 
-class _LinearFn(torch.autograd.Function):
-    """Output: the layer's output; backward: the layer's LRP rule."""
+class _RuleFn(torch.autograd.Function):
+    """Output: the op's output `z` computed in the forward (`x` only links the graph); subclasses: the rule."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
         ctx.call = call
         return z.clone()
+
+
+class _LinearFn(_RuleFn):
+    """Output: the layer's output; backward: the layer's LRP rule."""
 
     @staticmethod
     @once_differentiable
@@ -140,13 +144,8 @@ class _LinearFn(torch.autograd.Function):
         return r_in, None, None
 
 
-class _NormFn(torch.autograd.Function):
+class _NormFn(_RuleFn):
     """Output: a parameter-free linear op's output (pooling); backward: `Norm`, the op's transpose from its input."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
-        ctx.call = call
-        return z.clone()
 
     @staticmethod
     @once_differentiable
