@@ -25,6 +25,7 @@ REFERENCE_LIBRARIES = (
     "lucent.optvis.param",  # feature visualisation against lucent (test_featurevis)
     "timm",  # the architectures (test_layouts, test_arch_sweep)
     "transformers",  # Hugging Face outputs and the HF Trainer callback
+    "accelerate",  # the HF Trainer needs it (TrainingArguments raises ImportError without it)
     "lightning.pytorch",  # the Lightning callbacks
     "tensorboard",  # the callbacks' event files
     "playwright.sync_api",  # the report in a real browser
