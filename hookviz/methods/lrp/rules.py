@@ -142,7 +142,7 @@ class LinearRule(Rule):
 
 def _nonnegative(x: Tensor) -> bool:
     """Whether `x` has no negative entry (one reduction; on a GPU, one synchronization per layer)."""
-    return not bool((x < 0).any())
+    return x.numel() == 0 or bool(x.min() >= 0)
 
 
 def _pos(t: Tensor | None) -> Tensor | None:
@@ -179,10 +179,12 @@ class ZPlus(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
-        wp, wn = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
+        wp = layer.weight.clamp(min=0)
         if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
-            s = r / stabilize(layer.forward(x, wp, _pos(layer.bias)), self.stabilizer)
+            # z+ >= 0 here (x, W+ and b+ are), so stabilize(z+) is z+ + stabilizer, added in place
+            s = r / layer.forward(x, wp, _pos(layer.bias)).add_(self.stabilizer)
             return x * layer.vjp(s, x, wp)
+        wn = layer.weight.clamp(max=0)
         xp, xn = x.clamp(min=0), x.clamp(max=0)
         zp = layer.forward(xp, wp, _pos(layer.bias)) + layer.forward(xn, wn, None)
         s = r / stabilize(zp, self.stabilizer)
