@@ -4,7 +4,9 @@
         [--out benchmarks/results/rules-cpu]
 
 Rows per model (N = 1, weights=None, eval mode, parameters frozen): ``floor`` (one forward + ``autograd.grad`` of the
-target score w.r.t. the input: the least any backward-pass method can cost), hookviz ``LRP("epsilon-plus-flat")``,
+target score w.r.t. the input: the least any backward-pass method can cost), ``zplus-floor`` (the floor plus one
+convolution with the positive weights per convolution: the least an exact z+ rule can cost, since W+ x is not a
+by-product of W x), hookviz ``LRP("epsilon-plus-flat")`` and ``LRP("epsilon")`` (no modified weights),
 zennit ``EpsilonPlusFlat`` with its canonizer (``ResNetCanonizer`` / ``VGGCanonizer``), hookviz ``DeepLift`` and
 captum ``DeepLift`` (zero baseline). The rows of a model are timed round-robin, ``--repeats`` times, median in ms;
 peak memory of one call in a fresh process per row (peak RSS above the resident memory just before the call, as in
@@ -33,7 +35,7 @@ from bench_peers import _reset_peak_kib, _status_kib  # noqa: E402
 
 import hookviz as hv  # noqa: E402
 
-ROWS = ("floor", "hookviz-lrp", "zennit-lrp", "hookviz-deeplift", "captum-deeplift")
+ROWS = ("floor", "zplus-floor", "hookviz-lrp", "hookviz-lrp-epsilon", "zennit-lrp", "hookviz-deeplift", "captum-deeplift")
 
 
 def make_model(name: str) -> nn.Module:
@@ -46,15 +48,33 @@ def make_model(name: str) -> nn.Module:
 
 def build(row: str, model_name: str, model: nn.Module) -> Callable[[torch.Tensor], Any]:
     target = 3
+
+    def floor(x: torch.Tensor) -> Any:
+        x = x.detach().requires_grad_(True)
+        return torch.autograd.grad(model(x)[:, target].sum(), x)[0]
+
     if row == "floor":
-
-        def floor(x: torch.Tensor) -> Any:
-            x = x.detach().requires_grad_(True)
-            return torch.autograd.grad(model(x)[:, target].sum(), x)[0]
-
         return floor
-    if row == "hookviz-lrp":
-        lrp = hv.LRP(model, "epsilon-plus-flat")
+    if row == "zplus-floor":
+        # the floor plus, per convolution, the one extra convolution with the positive weights that any exact z+
+        # rule needs (z+ = W+ x for x >= 0 is not a by-product of z = W x): the least epsilon-plus-flat can cost
+        convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+
+        def extra(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            with torch.no_grad():
+                module._conv_forward(args[0], module.weight.clamp(min=0), None)
+
+        def zplus_floor(x: torch.Tensor) -> Any:
+            handles = [m.register_forward_hook(extra) for m in convs]
+            try:
+                return floor(x)
+            finally:
+                for h in handles:
+                    h.remove()
+
+        return zplus_floor
+    if row in ("hookviz-lrp", "hookviz-lrp-epsilon"):
+        lrp = hv.LRP(model, "epsilon-plus-flat" if row == "hookviz-lrp" else "epsilon")
         return lambda x: lrp.attribute(x, target)
     if row == "zennit-lrp":
         from zennit.attribution import Gradient
@@ -132,7 +152,7 @@ def main() -> None:
         for row, why in failed.items():
             results.append({"model": model_name, "row": row, "ms": None, "x_floor": None, "peak_mib": None,
                             "n": 1, "error": why})  # fmt: skip
-            print(f"{model_name:10s} {row:18s} failed: {why}", flush=True)
+            print(f"{model_name:10s} {row:20s} failed: {why}", flush=True)
         times: dict[str, list[float]] = {row: [] for row in fns}
         for _ in range(args.repeats):
             for row, fn in fns.items():
@@ -146,7 +166,7 @@ def main() -> None:
             results.append(
                 {"model": model_name, "row": row, "ms": med, "x_floor": med / floor, "peak_mib": mem, "n": 1}
             )
-            print(f"{model_name:10s} {row:18s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB", flush=True)
+            print(f"{model_name:10s} {row:20s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB", flush=True)
     meta = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -220,26 +220,40 @@ def test_custom_composite_equals_zennit_and_first_layer_is_execution_order() -> 
     assert _rel_err(ours, _zennit(model, x, ref_comp, torch.tensor([2, 2]))) <= 1e-5
 
 
+_RULE_CASES = [
+    ("zplus", ZPlus(), lambda: zennit.rules.ZPlus()),
+    ("alpha1-beta0", AlphaBeta(1.0, 0.0), lambda: zennit.rules.AlphaBeta(1.0, 0.0)),
+    ("alpha2-beta1", AlphaBeta(2.0, 1.0), lambda: zennit.rules.AlphaBeta(2.0, 1.0)),
+    ("flat", Flat(), lambda: zennit.rules.Flat()),
+    ("wsquare", WSquare(), lambda: zennit.rules.WSquare()),
+    ("zbox-pixels", ZBox(LOW, HIGH), lambda: zennit.rules.ZBox(LOW, HIGH)),
+    ("zbox", ZBox(-1.5, 2.0), lambda: zennit.rules.ZBox(-1.5, 2.0)),
+    ("gamma", Gamma(1.0), lambda: zennit.rules.Gamma(1.0)),
+]
+
+
+# per-channel pixel bounds (zbox-pixels) fit only the first layer
 @pytest.mark.parametrize(
-    "rule, zrule",
-    [
-        (ZPlus(), lambda: zennit.rules.ZPlus()),
-        (AlphaBeta(1.0, 0.0), lambda: zennit.rules.AlphaBeta(1.0, 0.0)),
-        (Flat(), lambda: zennit.rules.Flat()),
-        (WSquare(), lambda: zennit.rules.WSquare()),
-        (ZBox(LOW, HIGH), lambda: zennit.rules.ZBox(LOW, HIGH)),
-        (ZBox(-1.5, 2.0), lambda: zennit.rules.ZBox(-1.5, 2.0)),
-        (Gamma(1.0), lambda: zennit.rules.Gamma(1.0)),
-    ],
+    "rule, zrule, at",
+    [pytest.param(r, z, "0", id=f"{n}-signed-input") for n, r, z in _RULE_CASES]
+    + [pytest.param(r, z, "2", id=f"{n}-after-relu") for n, r, z in _RULE_CASES if n != "zbox-pixels"],
 )
-def test_rules_by_name_map_equal_zennit(rule, zrule) -> None:
+def test_rules_by_name_map_equal_zennit(rule, zrule, at) -> None:
+    """On the signed input every term of the rule counts; after a ReLU the input has no negative entry and z+,
+    alpha-beta and gamma skip their x- terms: both must give zennit's map."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 3 * 3, 3)).eval()
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, stride=2), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 3 * 3, 3)
+    ).eval()
     x = torch.randn(2, 3, 7, 7)
-    ours = hv.LRP(model, Composite(name_map=[("0", rule), ("3", Epsilon())], type_map=[(nn.ReLU, Pass())]))
-    ref = _zennit(
-        model, x, NameMapComposite([(("0",), zrule()), (("3",), zennit.rules.Epsilon())]), torch.tensor([0, 1])
+    other = "2" if at == "0" else "0"
+    ours = hv.LRP(
+        model,
+        Composite(name_map=[(at, rule), (other, Epsilon()), ("5", Epsilon())], type_map=[(nn.ReLU, Pass())]),
     )
+    ref_map = [((at,), zrule()), ((other,), zennit.rules.Epsilon()), (("5",), zennit.rules.Epsilon())]
+    ref_map += [((relu,), zennit.rules.Pass()) for relu in ("1", "3")]  # as ours: relevance passes through
+    ref = _zennit(model, x, NameMapComposite(ref_map), torch.tensor([0, 1]))
     assert _rel_err(ours.attribute(x, [0, 1]), ref) <= 1e-5
 
 

@@ -140,6 +140,11 @@ class LinearRule(Rule):
         raise NotImplementedError
 
 
+def _nonnegative(x: Tensor) -> bool:
+    """Whether `x` has no negative entry (one reduction; on a GPU, one synchronization per layer)."""
+    return x.numel() == 0 or bool(x.min() >= 0)
+
+
 def _pos(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(min=0)
 
@@ -174,8 +179,13 @@ class ZPlus(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
+        wp = layer.weight.clamp(min=0)
+        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
+            # z+ >= 0 here (x, W+ and b+ are), so stabilize(z+) is z+ + stabilizer, added in place
+            s = r / layer.forward(x, wp, _pos(layer.bias)).add_(self.stabilizer)
+            return x * layer.vjp(s, x, wp)
+        wn = layer.weight.clamp(max=0)
         xp, xn = x.clamp(min=0), x.clamp(max=0)
-        wp, wn = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
         zp = layer.forward(xp, wp, _pos(layer.bias)) + layer.forward(xn, wn, None)
         s = r / stabilize(zp, self.stabilizer)
         return xp * layer.vjp(s, x, wp) + xn * layer.vjp(s, x, wn)
@@ -197,8 +207,15 @@ class AlphaBeta(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
         wp, wn = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
+        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
+            sp = r / stabilize(layer.forward(x, wp, _pos(layer.bias)), self.stabilizer)
+            out = self.alpha * (x * layer.vjp(sp, x, wp))
+            if self.beta == 0:
+                return out
+            sn = r / stabilize(layer.forward(x, wn, _neg(layer.bias)), self.stabilizer)
+            return out - self.beta * (x * layer.vjp(sn, x, wn))
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
         zp = layer.forward(xp, wp, _pos(layer.bias)) + layer.forward(xn, wn, None)
         sp = r / stabilize(zp, self.stabilizer)
         out = self.alpha * (xp * layer.vjp(sp, x, wp) + xn * layer.vjp(sp, x, wn))
@@ -227,10 +244,14 @@ class Gamma(LinearRule):
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
         assert z is not None
         g, w, b = self.gamma, layer.weight, layer.bias
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
         w_up, w_dn = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         b_up = None if b is None else b + g * b.clamp(min=0)
         b_dn = None if b is None else b + g * b.clamp(max=0)
+        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
+            s_up = (z > 0).to(r.dtype) * r / stabilize(layer.forward(x, w_up, b_up), self.stabilizer)
+            s_dn = (z < 0).to(r.dtype) * r / stabilize(layer.forward(x, w_dn, b_dn), self.stabilizer)
+            return x * (layer.vjp(s_up, x, w_up) + layer.vjp(s_dn, x, w_dn))
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
         # output > 0: x+ with W + gW+ (bias b + gb+), x- with W + gW- (no bias)
         z_up = layer.forward(xp, w_up, b_up) + layer.forward(xn, w_dn, None)
         s_up = (z > 0).to(r.dtype) * r / stabilize(z_up, self.stabilizer)
