@@ -299,7 +299,14 @@ def reference_gradcam(arch: Arch, model: nn.Module, layer: str, x: Tensor) -> tu
     returns (class, map)."""
     m = deepcopy(model).double().eval()
     store: dict[str, Tensor] = {}
-    handle = m.get_submodule(layer).register_forward_hook(lambda mod, a, out: store.update(a=out))
+
+    def keep(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        # the model goes on with a copy: an in-place op after the layer (torchvision densenet's
+        # F.relu(features, inplace=True)) would otherwise overwrite the layer's output kept here
+        store["a"] = out
+        return out.clone()
+
+    handle = m.get_submodule(layer).register_forward_hook(keep)
     try:
         out = m(x.double())
     finally:
