@@ -1,5 +1,5 @@
 """Layer layouts (NCHW, NHWC, tokens with prefix tokens, Hiera's unrolled tokens, callables), the automatic CAM layer
-on modern families (Swin, MLP-Mixer, ResMLP, Hiera, torchvision swin_t) and the all-zero-map warning.
+on modern families (Swin, MLP-Mixer, ResMLP, Hiera, XCiT, CaiT, torchvision swin_t) and the all-zero-map warning.
 
 Every map is checked against a float64 Grad-CAM computed by hand (`reference.cam`) on the layer's output folded by
 an independent rearrangement (or timm's own ``forward_intermediates`` for Hiera)."""
@@ -192,6 +192,27 @@ def test_mlp_token_models_choose_the_last_block(resmlp: bool) -> None:
     fold = lambda t: tokens_to_grid(t, 0, 4, 4)  # noqa: E731
     expected = ref.gradcam(*ref.acts_and_grads(model, "blocks.1", x, torch.tensor([2, 4]), fold=fold))
     assert expected.abs().sum() > 0 and rel_l2(out, expected) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, expected",
+    [
+        ("xcit_nano_12_p16_224", {"depth": 2}, "cls_attn_blocks.1.norm1"),
+        ("cait_xxs24_224", {"depth": 2, "depth_token_only": 2}, "blocks_token_only.1.norm1"),
+    ],
+    ids=["xcit", "cait"],
+)
+def test_class_attention_models_choose_the_norm_before_the_last_class_attention(name, kwargs, expected) -> None:
+    """XCiT and CaiT end in class-attention blocks where only the class token attends: after the last one the patch
+    tokens no longer reach the head (every map would be zero), before it they do, as in a ViT."""
+    model = tiny(name, img_size=64, **kwargs)
+    x = batch(h=64, w=64)
+    auto = hv.GradCAM(model)
+    out = auto.attribute(x, target=[1, 3])
+    assert auto.layer == expected and str(auto.layout_used) == "tokens (1 prefix + 4x4)"
+    fold = lambda t: tokens_to_grid(t, 1, 4, 4)  # noqa: E731
+    expected_map = ref.gradcam(*ref.acts_and_grads(model, expected, x, torch.tensor([1, 3]), fold=fold))
+    assert expected_map.abs().sum() > 0 and rel_l2(out, expected_map) < 1e-4
 
 
 def test_hiera_unrolled_tokens_read_through_its_reroll() -> None:

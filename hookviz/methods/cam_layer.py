@@ -50,7 +50,10 @@ def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Mod
 
 
 def _is_attention(module: nn.Module) -> bool:
-    return isinstance(module, nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
+    # timm's ClassAttn (XCiT's and CaiT's class-attention blocks, where only the class token attends) counts too;
+    # other "...Attn" modules (Twins, HaloNet, ResNeSt) keep the choices the architecture sweep checked
+    name = type(module).__name__.lower()
+    return isinstance(module, nn.MultiheadAttention) or "attention" in name or "classattn" in name
 
 
 def choose_layer(
@@ -68,7 +71,9 @@ def choose_layer(
     is chosen (torchvision ``VisionTransformer``: ``encoder.layers.encoder_layer_{L-1}.ln_1``). Not the final
     ``encoder.ln``: only the class token goes on from there to the head, so the gradient at every patch token is
     zero there and every map would be empty; before the last attention, the patch tokens still reach the class
-    token. Attention modules are ``nn.MultiheadAttention`` and modules whose class name contains "Attention".
+    token. Attention modules are ``nn.MultiheadAttention`` and modules whose class name contains "Attention", or
+    timm's ``ClassAttn`` (XCiT's and CaiT's class-attention blocks: the LayerNorm before the last one is chosen for
+    the same reason, since the patch tokens of its output no longer reach the head).
 
     Channels-last maps (N, h, w, C) count as maps (their layout is inferred by `hookviz.layouts.resolve_layout`
     from the input size: Swin's final ``norm``). Token blocks: when a module with submodules (a block) outputs
