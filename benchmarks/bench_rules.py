@@ -35,7 +35,15 @@ from bench_peers import _reset_peak_kib, _status_kib  # noqa: E402
 
 import hookviz as hv  # noqa: E402
 
-ROWS = ("floor", "zplus-floor", "hookviz-lrp", "hookviz-lrp-epsilon", "zennit-lrp", "hookviz-deeplift", "captum-deeplift")
+ROWS = (
+    "floor",
+    "zplus-floor",
+    "hookviz-lrp",
+    "hookviz-lrp-epsilon",
+    "zennit-lrp",
+    "hookviz-deeplift",
+    "captum-deeplift",
+)
 
 
 def make_model(name: str) -> nn.Module:
