@@ -140,9 +140,38 @@ class LinearRule(Rule):
         raise NotImplementedError
 
 
-def _nonnegative(x: Tensor) -> bool:
-    """Whether `x` has no negative entry (one reduction; on a GPU, one synchronization per layer)."""
-    return x.numel() == 0 or bool(x.min() >= 0)
+def _split(x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(x+, x-)``, with ``x- = None`` where `x` has no negative entry (after a ReLU): the x- terms of a rule are
+    then exactly zero, and skipping them halves its convolutions (one reduction; on a GPU, one synchronization)."""
+    if x.numel() == 0 or bool(x.min() >= 0):
+        return x, None
+    return x.clamp(min=0), x.clamp(max=0)
+
+
+def _signed_term(
+    layer: Affine,
+    x: Tensor,
+    parts: tuple[Tensor, Tensor | None],
+    w_pos: Tensor,
+    w_neg: Tensor | None,
+    bias: Tensor | None,
+    r: Tensor,
+    stabilizer: float,
+    mask: Tensor | None = None,
+) -> Tensor:
+    r"""One sign-split term of z+, alpha-beta and gamma: $$ z = W_+ x^+ + b + W_- x^- $$,
+    $$ s = m R / \mathrm{stab}(z) $$, $$ R_{in} = x^+ W_+^\top s + x^- W_-^\top s $$ (`parts` from `_split`; `w_neg`
+    is only read when x has negative entries; `mask` m, if given, selects the outputs the term explains)."""
+    xp, xn = parts
+    z = layer.forward(xp, w_pos, bias)
+    if xn is not None:
+        assert w_neg is not None
+        z = z + layer.forward(xn, w_neg, None)
+    s = (r if mask is None else mask * r) / stabilize(z, stabilizer)
+    out = xp * layer.vjp(s, x, w_pos)
+    if xn is not None:
+        out = out + xn * layer.vjp(s, x, w_neg)  # type: ignore[arg-type]
+    return out
 
 
 def _pos(t: Tensor | None) -> Tensor | None:
@@ -179,16 +208,9 @@ class ZPlus(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
-        wp = layer.weight.clamp(min=0)
-        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
-            # z+ >= 0 here (x, W+ and b+ are), so stabilize(z+) is z+ + stabilizer, added in place
-            s = r / layer.forward(x, wp, _pos(layer.bias)).add_(self.stabilizer)
-            return x * layer.vjp(s, x, wp)
-        wn = layer.weight.clamp(max=0)
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
-        zp = layer.forward(xp, wp, _pos(layer.bias)) + layer.forward(xn, wn, None)
-        s = r / stabilize(zp, self.stabilizer)
-        return xp * layer.vjp(s, x, wp) + xn * layer.vjp(s, x, wn)
+        parts = _split(x)
+        wn = None if parts[1] is None else layer.weight.clamp(max=0)
+        return _signed_term(layer, x, parts, layer.weight.clamp(min=0), wn, _pos(layer.bias), r, self.stabilizer)
 
 
 class AlphaBeta(LinearRule):
@@ -207,23 +229,12 @@ class AlphaBeta(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
+        parts = _split(x)
         wp, wn = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
-        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
-            sp = r / stabilize(layer.forward(x, wp, _pos(layer.bias)), self.stabilizer)
-            out = self.alpha * (x * layer.vjp(sp, x, wp))
-            if self.beta == 0:
-                return out
-            sn = r / stabilize(layer.forward(x, wn, _neg(layer.bias)), self.stabilizer)
-            return out - self.beta * (x * layer.vjp(sn, x, wn))
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
-        zp = layer.forward(xp, wp, _pos(layer.bias)) + layer.forward(xn, wn, None)
-        sp = r / stabilize(zp, self.stabilizer)
-        out = self.alpha * (xp * layer.vjp(sp, x, wp) + xn * layer.vjp(sp, x, wn))
+        out = self.alpha * _signed_term(layer, x, parts, wp, wn, _pos(layer.bias), r, self.stabilizer)
         if self.beta == 0:
             return out
-        zn = layer.forward(xp, wn, _neg(layer.bias)) + layer.forward(xn, wp, None)
-        sn = r / stabilize(zn, self.stabilizer)
-        return out - self.beta * (xp * layer.vjp(sn, x, wn) + xn * layer.vjp(sn, x, wp))
+        return out - self.beta * _signed_term(layer, x, parts, wn, wp, _neg(layer.bias), r, self.stabilizer)
 
 
 class Gamma(LinearRule):
@@ -247,20 +258,10 @@ class Gamma(LinearRule):
         w_up, w_dn = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         b_up = None if b is None else b + g * b.clamp(min=0)
         b_dn = None if b is None else b + g * b.clamp(max=0)
-        if _nonnegative(x):  # after a ReLU: the x- terms are exactly zero, half the work
-            s_up = (z > 0).to(r.dtype) * r / stabilize(layer.forward(x, w_up, b_up), self.stabilizer)
-            s_dn = (z < 0).to(r.dtype) * r / stabilize(layer.forward(x, w_dn, b_dn), self.stabilizer)
-            return x * (layer.vjp(s_up, x, w_up) + layer.vjp(s_dn, x, w_dn))
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
-        # output > 0: x+ with W + gW+ (bias b + gb+), x- with W + gW- (no bias)
-        z_up = layer.forward(xp, w_up, b_up) + layer.forward(xn, w_dn, None)
-        s_up = (z > 0).to(r.dtype) * r / stabilize(z_up, self.stabilizer)
-        # output < 0: x+ with W + gW- (bias b + gb-), x- with W + gW+ (no bias)
-        z_dn = layer.forward(xp, w_dn, b_dn) + layer.forward(xn, w_up, None)
-        s_dn = (z < 0).to(r.dtype) * r / stabilize(z_dn, self.stabilizer)
-        return xp * (layer.vjp(s_up, x, w_up) + layer.vjp(s_dn, x, w_dn)) + xn * (
-            layer.vjp(s_up, x, w_dn) + layer.vjp(s_dn, x, w_up)
-        )
+        parts = _split(x)
+        # output > 0: x+ with W + gW+ (bias b + gb+), x- with W + gW- (no bias); output < 0: the opposite pairing
+        up = _signed_term(layer, x, parts, w_up, w_dn, b_up, r, self.stabilizer, (z > 0).to(r.dtype))
+        return up + _signed_term(layer, x, parts, w_dn, w_up, b_dn, r, self.stabilizer, (z < 0).to(r.dtype))
 
 
 class ZBox(LinearRule):
