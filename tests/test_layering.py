@@ -41,6 +41,7 @@ LAYERS: list[str] = [
     "hookviz.zoo",
     # attribution methods (never import presentation: `visualize` reaches it through hookviz._present)
     "hookviz.methods.scope",
+    "hookviz.methods.rules.*",
     "hookviz.methods.forward",
     "hookviz.methods.base",
     "hookviz.methods.layer",

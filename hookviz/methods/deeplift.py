@@ -10,8 +10,8 @@ to $$ y_c(x) - y_c(x') $$ (summation-to-delta).
 
 Where captum's ``DeepLift`` covers only modules of exact types, here the rule applies to ReLU, ELU, LeakyReLU,
 Sigmoid, Tanh, Softplus, GELU and SiLU as modules (of those types or subclasses) **and** as functional calls inside a
-``forward`` (``F.relu``, ``torch.sigmoid``, ``x.relu()``, ...; seen by a `torch.overrides.TorchFunctionMode` active
-only during the call's forward pass, as for the ReLU rules); a module called several times gets one rule per call;
+``forward`` (``F.relu``, ``torch.sigmoid``, ``x.relu()``, ...): DeepLift is a rule table (`rule_table`) on the rule
+engine `hookviz.methods.rules`, as the ReLU rules are; a module called several times gets one rule per call;
 in-place ReLUs run out of place during the call.
 """
 
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
@@ -28,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.overrides import TorchFunctionMode
 
 from ..hooks import HookManager
 from ..inputs import check_finite
@@ -36,7 +34,7 @@ from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resol
 from .base import Attribution, register
 from .baseline import baseline_like, check_baseline
 from .gradient import _SIGNED_DISPLAY
-from .scope import acting, current_call
+from .rules import Call, Coverage, Rule, RuleEngine, RuleTable
 
 _EPS = 1e-10  # captum's threshold below which a difference counts as zero
 NONLINEAR_MODULES: tuple[type[nn.Module], ...] = (
@@ -68,7 +66,6 @@ NONLINEAR_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.gelu: "F.gelu",
     F.silu: "F.silu",
 }
-_OUT_OF_PLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu}
 
 
 def _halves(t: Tensor) -> Tensor:
@@ -131,76 +128,35 @@ class _MaxPoolFn(torch.autograd.Function):
         return torch.where(small, plain, u / torch.where(small, torch.ones_like(d_in), d_in)), None, None
 
 
-class _Functional(TorchFunctionMode):
-    def __init__(self, run: _DeepLiftRun) -> None:
-        super().__init__()
-        self.run = run
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        run = self.run
-        if func not in NONLINEAR_FUNCTIONS or run.depth > 0 or not acting(run.call):
-            return func(*args, **kwargs)
-        x = args[0] if args else kwargs.get("input")
-        if not isinstance(x, Tensor) or not x.requires_grad:
-            return func(*args, **kwargs)
-        run.functional[NONLINEAR_FUNCTIONS[func]] = run.functional.get(NONLINEAR_FUNCTIONS[func], 0) + 1
-        inplace = func in _OUT_OF_PLACE or bool(kwargs.get("inplace", False))
-        base = _OUT_OF_PLACE.get(func, func)
-        rest = {k: v for k, v in kwargs.items() if k != "inplace"}
-        other = args[1:]
-        y = _RescaleFn.apply(x, base(*args, **rest).detach(), lambda t: base(t, *other, **rest), inplace)
-        return x.copy_(y) if inplace else y
+def _rescale(call: Call) -> Tensor:
+    # an in-place call that the engine split overwrites its input afterwards: the rule keeps a copy of its values
+    return _RescaleFn.apply(call.input, call.output.detach(), call.function(), call.inplace)
 
 
-class _DeepLiftRun:
-    """Hooks on nonlinear modules and the functional mode, for one forward pass of inputs and baselines."""
+def _max_pool(call: Call) -> Tensor:
+    return _MaxPoolFn.apply(call.input, call.output.detach(), call.op)
 
-    def __init__(self, model: nn.Module, hooks: HookManager) -> None:
-        self.model = model
-        self.hooks = hooks
-        self.call = current_call()
-        self.in_forward = False
-        self.depth = 0
-        self.modules = 0
-        self.functional: dict[str, int] = {}
 
-    def place_hooks(self) -> None:
-        types = (*NONLINEAR_MODULES, *MAXPOOL_MODULES)
-        if not any(isinstance(m, types) for m in self.model.modules()):
-            return
-        self.hooks.out_of_place(m for m in self.model.modules() if isinstance(m, NONLINEAR_MODULES))
+RESCALE = Rule("rescale", _rescale, needs_input=True)
+MAX_POOL = Rule("max-pool", _max_pool, needs_input=True)
 
-        def enter(module: nn.Module, args: tuple) -> None:
-            if self.in_forward and acting(self.call):
-                self.depth += 1
 
-        def leave(module: nn.Module, args: tuple, output: Any) -> Any:
-            if not (self.in_forward and acting(self.call)):
-                return None
-            self.depth -= 1
-            t = args[0] if args else None
-            if not isinstance(t, Tensor) or not isinstance(output, Tensor) or not t.requires_grad:
-                return None
-            self.modules += 1
-            if isinstance(module, MAXPOOL_MODULES):
-                if getattr(module, "return_indices", False):
-                    return None
-                return _MaxPoolFn.apply(t, output.detach(), module)
-            return _RescaleFn.apply(t, output.detach(), module.forward)
+def rule_table() -> RuleTable:
+    """DeepLift as a rule table: the rescale rule on the nonlinear modules and functions, captum's rule on max
+    pooling. Nothing is watched: a nonlinearity without a rule shows in the summation-to-delta warning instead."""
+    return (
+        RuleTable()
+        .modules(NONLINEAR_MODULES, RESCALE)
+        .modules(MAXPOOL_MODULES, MAX_POOL)
+        .functions(NONLINEAR_FUNCTIONS, RESCALE)
+    )
 
-        self.hooks.forward_pre(types, enter)
-        self.hooks.forward(types, leave, always_call=True)
 
-    @contextmanager
-    def forward_pass(self) -> Iterator[None]:
-        self.in_forward = True
-        try:
-            with _Functional(self):
-                yield
-        finally:
-            self.in_forward = False
-            self.depth = 0
+def _coverage_dict(coverage: Coverage) -> dict[str, Any]:
+    """The summary DeepLift reports as ``coverage``: module calls rewritten, functional calls rewritten by name."""
+    modules = sum(kinds["module"] for kinds in coverage.by_kind.values())
+    covered = coverage.covered.get(RESCALE.name, {})
+    return {"modules": modules, "functional": {n: c for n, c in covered.items() if coverage.kind_of[n] == "functional"}}
 
 
 def _warn_delta(method: str, delta: Tensor, expected: Tensor, sums: Tensor, stacklevel: int = 7) -> None:
@@ -219,16 +175,16 @@ def _warn_delta(method: str, delta: Tensor, expected: Tensor, sums: Tensor, stac
 
 
 def _deeplift(
-    model: nn.Module, hooks: HookManager, x: Tensor, base: Tensor, plan: TargetPlan
-) -> tuple[Tensor, Targets, Tensor, _DeepLiftRun]:
+    model: nn.Module, hooks: HookManager, x: Tensor, base: Tensor, plan: TargetPlan, method: str = "DeepLift"
+) -> tuple[Tensor, Targets, Tensor, Coverage]:
     """Multipliers (N, K, ...) of the rows `x` w.r.t. their baselines `base` (both (N, ...)), the targets at x,
-    and the scores at the baselines (N, K): one forward of 2N rows, K backward passes."""
+    the scores at the baselines (N, K) and the rule engine's report: one forward of 2N rows, K backward passes."""
     n = x.shape[0]
-    run = _DeepLiftRun(model, hooks)
-    run.place_hooks()
+    engine = RuleEngine(model, hooks, rule_table(), method=method)
     leaf = torch.cat([x.detach(), base.detach()]).requires_grad_(True)
-    with run.forward_pass():
+    with engine.forward_pass():
         output = model(leaf)
+    assert engine.coverage is not None
     if not isinstance(output, Tensor) or output.shape[0] != 2 * n:
         raise ValueError("DeepLift needs a model output tensor with one row per input (N, classes)")
     targets = resolve_targets(plan, output[:n], n)
@@ -242,7 +198,7 @@ def _deeplift(
     # routes both rows' deltas. The custom backward functions do not batch under vmap: K backward passes.
     (grads,) = batched_grad(targets.scores + ref, [leaf], strategy="loop")
     ref = ref.detach()
-    return grads[:n], targets, ref, run
+    return grads[:n], targets, ref, engine.coverage
 
 
 @register("deeplift")
@@ -285,6 +241,7 @@ class DeepLift(Attribution):
         self.multiply_by_inputs = multiply_by_inputs
         self.last_delta: Tensor | None = None
         self.coverage: dict[str, Any] | None = None
+        self.rule_coverage: Coverage | None = None
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         base = baseline_like(self.baseline, x)  # shape errors before any work
@@ -293,8 +250,9 @@ class DeepLift(Attribution):
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         base = kwargs["baseline"]
-        mult, targets, ref, run = _deeplift(self.model, hooks, x, base, target)
-        self.coverage = {"modules": run.modules, "functional": dict(run.functional)}
+        mult, targets, ref, coverage = _deeplift(self.model, hooks, x, base, target, type(self).__name__)
+        self.rule_coverage = coverage
+        self.coverage = _coverage_dict(coverage)
         diff = (x - base).detach().unsqueeze(1).to(mult.dtype)
         attribution = diff * mult
         sums = attribution.flatten(2).sum(2)
@@ -336,6 +294,7 @@ class DeepLiftShap(Attribution):
         self.baselines = baselines
         self.multiply_by_inputs = multiply_by_inputs
         self.last_delta: Tensor | None = None
+        self.rule_coverage: Coverage | None = None
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         _check_distribution_shape(self.baselines, x)
@@ -355,7 +314,8 @@ class DeepLiftShap(Attribution):
         xs = x.detach()[rows]
         bs = b.repeat(n, *(1,) * (b.dim() - 1))
         pair_plan = TargetPlan(plan.indices[rows.cpu()], None, plan.multi) if plan.indices is not None else plan
-        mult, targets, ref, _ = _deeplift(self.model, hooks, xs, bs, pair_plan)
+        mult, targets, ref, coverage = _deeplift(self.model, hooks, xs, bs, pair_plan, type(self).__name__)
+        self.rule_coverage = coverage
         diff = (xs - bs).unsqueeze(1).to(mult.dtype)
         pairs = diff * mult if self.multiply_by_inputs else mult
         attribution = pairs.view(n, nb, *pairs.shape[1:]).mean(1)

@@ -1,6 +1,6 @@
-"""ReLU-rule methods: the backward pass through every ReLU call is rewritten.
+"""ReLU-rule methods: the backward pass through every ReLU call is rewritten; rule tables on `methods.rules`.
 
-Every ReLU call is seen, not only ``nn.ReLU`` modules:
+Every ReLU call is seen, not only ``nn.ReLU`` modules (the rule engine, `hookviz.methods.rules`):
 
 - module ReLUs through forward hooks, which place a tensor hook on that call's output (full backward hooks break on
   ``nn.ReLU(inplace=True)``, pytorch#61519; a hook per call also covers one module called several times);
@@ -15,7 +15,6 @@ Other activations (ReLU6, LeakyReLU, GELU, SiLU, Hardswish) are left alone by de
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -24,12 +23,11 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from ..hooks import HookManager
 from .base import register
 from .gradient import InputGradientAttribution
-from .scope import acting, current_call
+from .rules import Call, Coverage, Rule, RuleEngine, RuleTable, first_few
 
 RELU_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU,)
 OTHER_ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Hardswish)
@@ -49,7 +47,9 @@ OTHER_ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.silu: "F.silu",
     F.hardswish: "F.hardswish",
 }
-_INPLACE_FUNCTIONS = {torch.relu_, Tensor.relu_, F.leaky_relu_}
+# the rules' names in the engine's coverage report
+RELU_RULE = "ReLU"
+OTHER_RULE = "other activations"
 
 
 @dataclass
@@ -59,7 +59,8 @@ class ReLUCoverage:
     ``calls``: ReLU calls that ran; ``overridden``: calls whose backward was rewritten, ``by_kind`` split into
     ``"module"`` and ``"functional"``; ``repeated``: modules that ran more than once (name -> calls);
     ``left_alone``: activation calls not rewritten (module name or function name -> calls); ``others_overridden``:
-    non-ReLU activation calls rewritten under ``activations="all"`` (name -> calls).
+    non-ReLU activation calls rewritten under ``activations="all"`` (name -> calls). The rule engine's own report,
+    `hookviz.methods.rules.Coverage`, is the method's ``rule_coverage``.
     """
 
     calls: int = 0
@@ -68,6 +69,19 @@ class ReLUCoverage:
     repeated: dict[str, int] = field(default_factory=dict)
     left_alone: dict[str, int] = field(default_factory=dict)
     others_overridden: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, coverage: Coverage) -> ReLUCoverage:
+        """The ReLU view of the engine's report of a ReLU-rule table."""
+        kinds = coverage.by_kind.get(RELU_RULE, {"module": 0, "functional": 0})
+        return cls(
+            calls=coverage.calls(RELU_RULE),
+            overridden=kinds["module"] + kinds["functional"],
+            by_kind={"module": kinds["module"], "functional": kinds["functional"]},
+            repeated={n: c for n, c in coverage.module_calls.items() if c > 1},
+            left_alone=dict(coverage.left_alone),
+            others_overridden=dict(coverage.covered.get(OTHER_RULE, {})),
+        )
 
     def __str__(self) -> str:
         parts = [
@@ -80,140 +94,8 @@ class ReLUCoverage:
             ("left alone", self.left_alone),
         ):
             if calls:
-                parts.append(f"{title}: {_first_few(calls)}")
+                parts.append(f"{title}: {first_few(calls)}")
         return "; ".join(parts)
-
-
-def _first_few(calls: dict[str, int], shown: int = 3) -> str:
-    items = [f"{name} x{count}" for name, count in calls.items()]
-    more = f", and {len(items) - shown} more" if len(items) > shown + 1 else ""
-    return ", ".join(items if not more else items[:shown]) + more
-
-
-class _FunctionalActivations(TorchFunctionMode):
-    """Routes functional activation calls made outside activation modules to `rule`; counts everything."""
-
-    def __init__(self, owner: _ReLURuleRun) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        name = RELU_FUNCTIONS.get(func) or OTHER_ACTIVATION_FUNCTIONS.get(func)
-        if name is None or self.owner.module_depth > 0 or not acting(self.owner.call):
-            # not an activation, or the activation module's own hooks deal with this call, or the call comes from
-            # another hookviz call's forward pass nested inside this one
-            return func(*args, **kwargs)
-        return self.owner.functional_call(func, name, args, kwargs)
-
-
-class _ReLURuleRun:
-    """State of one forward pass of a ReLU-rule method: applies the rule and builds the coverage report."""
-
-    def __init__(self, method: ReLURuleAttribution, hooks: HookManager) -> None:
-        self.method = method
-        self.hooks = hooks
-        self.call = current_call()  # the method's own call: its hooks act only while it is the innermost
-        self.in_forward = False
-        self.module_depth = 0
-        self.module_calls: Counter[str] = Counter()
-        self.left_alone: Counter[str] = Counter()
-        self.relu_calls = 0
-        self.by_kind: Counter[str] = Counter()
-        self.others: Counter[str] = Counter()
-
-    def covers(self, is_relu: bool) -> bool:
-        return is_relu or self.method.activations == "all"
-
-    def acting(self) -> bool:
-        """Whether the hooks act now: inside this run's own forward pass, not a nested call's."""
-        return self.in_forward and acting(self.call)
-
-    def place_hooks(self) -> None:
-        """Module hooks on activation modules (acting only inside `forward_pass`); covered modules that work in
-        place run out of place while the hooks live when the rule needs the activation's input."""
-        types = RELU_MODULES + OTHER_ACTIVATION_MODULES
-        modules = [m for m in self.method.model.modules() if isinstance(m, types)]
-        if not modules:
-            return
-        if self.method.needs_input:
-            covered = [m for m in modules if self.covers(isinstance(m, RELU_MODULES))]
-            self.hooks.out_of_place(covered)  # restored (owner-counted) when the manager removes its hooks
-
-        def enter(module: nn.Module, args: tuple) -> None:
-            if self.acting():
-                self.module_depth += 1
-
-        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
-            if not self.acting():
-                return None
-            self.module_depth -= 1
-            self.module_calls[name] += 1
-            is_relu = isinstance(module, RELU_MODULES)
-            self.relu_calls += is_relu
-            if not self.covers(is_relu) or not isinstance(output, Tensor) or not output.requires_grad:
-                self.left_alone[name] += 1
-                return None
-            self._count(is_relu, "module", name)
-            return self.method._rule(self.hooks, args[0], output)
-
-        self.hooks.forward_pre(types, enter)
-        self.hooks.forward(types, leave, with_name=True, always_call=True)
-
-    @contextmanager
-    def forward_pass(self) -> Iterator[None]:
-        """The functional mode, entered around the forward pass in ``try/finally``: it never outlives the pass,
-        whatever ends it (a forward hook with ``always_call`` runs only for ``Exception``, not ``KeyboardInterrupt``).
-        A pass that completes without any ReLU call raises `ValueError` (see `ReLURuleAttribution`)."""
-        self.in_forward = True
-        try:
-            with _FunctionalActivations(self):
-                yield
-        finally:
-            self.in_forward = False
-            self.method.coverage = self.coverage()
-        self.method._forward_done(self)
-
-    def functional_call(self, func: Callable[..., Any], name: str, args: tuple, kwargs: dict) -> Any:
-        is_relu = func in RELU_FUNCTIONS
-        self.relu_calls += is_relu
-        x = args[0] if args else kwargs.get("input")
-        if not self.covers(is_relu) or not isinstance(x, Tensor) or not x.requires_grad:
-            self.left_alone[name] += 1
-            return func(*args, **kwargs)
-        self._count(is_relu, "functional", name)
-        inplace = func in _INPLACE_FUNCTIONS or bool(kwargs.get("inplace", False))
-        if inplace and self.method.needs_input:
-            # compute out of place so the pre-activation survives, then write the result back in place
-            out_of_place = {k: v for k, v in kwargs.items() if k != "inplace"}
-            base = _OUT_OF_PLACE.get(func, func)
-            result = self.method._rule(self.hooks, x, base(*args, **out_of_place))
-            return x.copy_(result)
-        return self.method._rule(self.hooks, x, func(*args, **kwargs))
-
-    def _count(self, is_relu: bool, kind: str, name: str) -> None:
-        if is_relu:
-            self.by_kind[kind] += 1
-        else:
-            self.others[name] += 1
-
-    def coverage(self) -> ReLUCoverage:
-        overridden = self.by_kind["module"] + self.by_kind["functional"]
-        return ReLUCoverage(
-            calls=self.relu_calls,
-            overridden=overridden,
-            by_kind={"module": self.by_kind["module"], "functional": self.by_kind["functional"]},
-            repeated={n: c for n, c in self.module_calls.items() if c > 1},
-            left_alone=dict(self.left_alone),
-            others_overridden=dict(self.others),
-        )
-
-
-_OUT_OF_PLACE: dict[Callable[..., Any], Callable[..., Any]] = {
-    torch.relu_: torch.relu,
-    Tensor.relu_: Tensor.relu,
-    F.leaky_relu_: F.leaky_relu,
-}
 
 
 def _clamp_positive(grad: Tensor) -> Tensor:
@@ -228,8 +110,8 @@ class ReLURuleAttribution(InputGradientAttribution):
             ``"all"`` applies the rule to ReLU6, LeakyReLU, GELU, SiLU and Hardswish as well.
 
     After each call, ``self.coverage`` (a `ReLUCoverage`) says how many ReLU calls ran and were rewritten, by kind;
-    `visualize` puts it on the `Explanation`. A model in which no ReLU ran raises `ValueError`: the result would
-    silently be the plain gradient.
+    `visualize` puts it on the `Explanation`; ``self.rule_coverage`` is the rule engine's report (`rule_table`).
+    A model in which no ReLU ran raises `ValueError`: the result would silently be the plain gradient.
     """
 
     needs_input = False  # whether the rule needs the activation's input intact (so in-place calls are split)
@@ -240,19 +122,48 @@ class ReLURuleAttribution(InputGradientAttribution):
             raise ValueError(f"activations must be 'relu' or 'all', got {activations!r}")
         self.activations = activations
         self.coverage: ReLUCoverage | None = None
+        self.rule_coverage: Coverage | None = None
 
     def _rule(self, hooks: HookManager, x: Tensor, out: Tensor) -> Tensor | None:
         """Rewrite the backward of one activation call ``out = act(x)``; return the output to use (None: keep)."""
         raise NotImplementedError
 
-    def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[None]:
-        run = _ReLURuleRun(self, hooks)
-        run.place_hooks()
-        return run.forward_pass()
+    def rule_table(self) -> RuleTable:
+        """The method as a rule table: ReLU modules and functions get `_rule`; the other activations get it under
+        ``activations="all"``, else they are watched and reported as left alone (no warning: the user's choice)."""
 
-    def _forward_done(self, run: _ReLURuleRun) -> None:
+        def apply(call: Call) -> Tensor | None:
+            return self._rule(call.hooks, call.input, call.output)
+
+        relu = Rule(RELU_RULE, apply, needs_input=self.needs_input)
+        other = Rule(OTHER_RULE, apply, needs_input=self.needs_input) if self.activations == "all" else None
+        return (
+            RuleTable(warn=False)
+            .modules(RELU_MODULES, relu)
+            .modules(OTHER_ACTIVATION_MODULES, other)
+            .functions(RELU_FUNCTIONS, relu)
+            .functions(OTHER_ACTIVATION_FUNCTIONS, other)
+        )
+
+    def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[None]:
+        return self._rule_pass(hooks)
+
+    @contextmanager
+    def _rule_pass(self, hooks: HookManager) -> Iterator[None]:
+        """The rule engine around the forward pass; ``coverage`` set also when the pass raises. A pass that
+        completes without any ReLU call raises `ValueError`: the result would silently be the plain gradient."""
+        engine = RuleEngine(self.model, hooks, self.rule_table(), method=type(self).__name__)
+        try:
+            with engine.forward_pass():
+                yield
+        finally:
+            assert engine.coverage is not None
+            self.rule_coverage = engine.coverage
+            self.coverage = ReLUCoverage.of(engine.coverage)
+        self._forward_done(self.coverage)
+
+    def _forward_done(self, coverage: ReLUCoverage) -> None:
         """Called when the model's forward completes: no ReLU at all is an error."""
-        coverage = run.coverage()
         if coverage.calls == 0 and not coverage.others_overridden:
             alone = coverage.left_alone
             seen = f" (activations left alone: {', '.join(alone)})" if alone else ""

@@ -1,0 +1,219 @@
+"""`RuleEngine`: the one interception of a modified backward pass, active only during the method's forward pass.
+
+Two ways in, one dispatch (`RuleTable`):
+
+- module calls through forward hooks placed through the method's `HookManager` (a forward-pre hook counts the depth,
+  a forward hook with ``always_call`` applies the rule): a hook per call, so a module run twice gets its rule twice,
+  and no full backward hook (they break on ``nn.ReLU(inplace=True)``, pytorch#61519);
+- functional calls inside a ``forward`` (``F.relu``, ``torch.add``, ``x.relu_()``, ``a += b``, ...) through a
+  `torch.overrides.TorchFunctionMode` entered around the forward pass only: nothing process-wide is patched, and
+  code running outside the pass (or in another thread: the mode stack is per thread) is not touched.
+
+Scope. The engine acts only while its own hookviz call is the innermost active call of its thread (`scope.acting`):
+a nested explainer's forward pass, or another thread's forward pass of the same model, passes untouched. Functional
+calls made inside a hooked module (``nn.GELU`` calls ``F.gelu``) are not seen twice: while a hooked module runs,
+and while a rule runs, the depth is above zero and the mode lets calls pass. Everything (module hooks, the mode, the
+depth) is undone in ``finally``, for any exception and for ``KeyboardInterrupt``; tensor hooks that rules place on
+the graph stay with the method's `HookManager` until the method's call ends, since the backward pass needs them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from ...hooks import HookManager
+from ..scope import acting, current_call
+from .call import Call
+from .coverage import Coverage, Recorder
+from .ops import out_of_place
+from .table import Rule, RuleTable
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # .../hookviz
+
+
+class RuleEngine:
+    """Applies `table` to the forward pass of `model` run inside `forward_pass`; `coverage` reports what it did.
+
+    Build one per forward pass, inside the method's call (its hookviz call token is taken here), with the
+    method's `HookManager`:
+
+    Example::
+
+        engine = RuleEngine(model, hooks, table, method="GuidedBackprop")
+        with engine.forward_pass():
+            output = model(x)
+        engine.coverage      # a Coverage, also when the pass raised
+    """
+
+    def __init__(self, model: nn.Module, hooks: HookManager, table: RuleTable, *, method: str) -> None:
+        if not isinstance(table, RuleTable):
+            raise TypeError(f"table must be a RuleTable, got {type(table).__name__}")
+        self.model = model
+        self.hooks = hooks
+        self.table = table
+        self.method = method
+        self.call = current_call()  # the method's own call: the engine acts only while it is the innermost
+        self.coverage: Coverage | None = None
+        self.depth = 0
+        self._in_forward = False
+        self._handles: list[RemovableHandle] = []
+        self._rules: dict[int, Rule | None] = {}  # id(module) -> its rule, resolved once per pass
+        self._counts: Counter[str] = Counter()
+        self._recorder = Recorder()
+
+    def acting(self) -> bool:
+        """Whether the engine's module hooks act now: inside its forward pass and its own call (hooked modules inside
+        hooked modules get their rules too; only functional calls inside them pass, see `depth`)."""
+        return self._in_forward and acting(self.call)
+
+    @contextmanager
+    def forward_pass(self) -> Iterator[RuleEngine]:
+        """Hooks and the function mode for the block (the model's forward pass), undone in ``finally``; then
+        `coverage`, and one warning if operations the table watches ran without a rule (``table.warn``)."""
+        if self._in_forward:
+            raise RuntimeError(f"{self.method}: this RuleEngine is already in a forward pass; build one per pass")
+        self._recorder = Recorder()
+        self._counts.clear()
+        try:
+            self._place_hooks()
+            self._in_forward = True
+            with _Interceptor(self):
+                yield self
+        finally:
+            self._in_forward = False
+            self.depth = 0
+            for handle in self._handles:
+                handle.remove()  # idempotent: the HookManager removes them again at the end of the call
+            self._handles.clear()
+            self._rules.clear()
+            self.coverage = self._recorder.report(self.method, type(self.model).__name__)
+        if self.table.warn and self.coverage.uncovered:
+            warnings.warn(self.coverage.warning(), stacklevel=_user_stacklevel())
+
+    # -- modules ------------------------------------------------------------------------------------------------
+    def _place_hooks(self) -> None:
+        watched: list[nn.Module] = []
+        needs_input: list[nn.Module] = []
+        for name, module in self.model.named_modules():
+            if id(module) in self._rules:
+                continue  # shared under two names: its first name, as `select_modules` gives it
+            hit, rule = self.table.module_entry(name, module)
+            if hit:
+                self._rules[id(module)] = rule
+                watched.append(module)
+                if rule is not None and rule.needs_input:
+                    needs_input.append(module)
+        if not watched:
+            return
+        # in-place modules run out of place while the method's hooks live, so that the rule sees the input
+        self.hooks.out_of_place(needs_input)
+        ids = {id(m) for m in watched}
+
+        def selected(name: str, module: nn.Module) -> bool:
+            return id(module) in ids
+
+        def enter(module: nn.Module, args: tuple) -> None:
+            if self.acting():
+                self.depth += 1
+
+        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+            if not self.acting():
+                return None
+            self.depth -= 1
+            return self._module_call(name, module, args, output)
+
+        self._handles += self.hooks.forward_pre(selected, enter)
+        self._handles += self.hooks.forward(selected, leave, with_name=True, always_call=True)
+
+    def _module_call(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+        self._recorder.module_calls[name] += 1
+        rule = self._rules.get(id(module))
+        if rule is None:
+            self._recorder.not_covered("module", name)
+            return None
+        if not isinstance(output, Tensor) or not _needs_grad(args, {}):
+            self._recorder.declined_by(rule.name, "module", name)
+            return None
+        self._counts[name] += 1
+        call = Call(module, name, "module", args, {}, output, self.hooks, count=self._counts[name])
+        self.depth += 1  # what the rule computes is not intercepted
+        try:
+            result = rule.apply(call)
+        finally:
+            self.depth -= 1
+        self._recorder.rewritten(rule.name, "module", name)
+        return result
+
+    # -- functional calls -----------------------------------------------------------------------------------------
+    def _function_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self.depth > 0 or not acting(self.call):
+            return func(*args, **kwargs)
+        entry = self.table.function_entry(func)
+        if entry is None:
+            if self.table.uncovered is not None:
+                name = self.table.uncovered(func, args, kwargs)
+                if name is not None:
+                    self._recorder.not_covered("functional", name)
+            return func(*args, **kwargs)
+        name, rule = entry
+        if rule is None:
+            self._recorder.not_covered("functional", name)
+            return func(*args, **kwargs)
+        if not _needs_grad(args, kwargs):
+            self._recorder.declined_by(rule.name, "functional", name)
+            return func(*args, **kwargs)
+        base = out_of_place(func)
+        inplace = base is not None or bool(kwargs.get("inplace", False))
+        split = inplace and rule.needs_input
+        runs_as = base or func
+        if split:
+            # the out-of-place variant keeps the input's values for the rule; the result is written back below
+            output = runs_as(*args, **{k: v for k, v in kwargs.items() if k != "inplace"})
+        else:
+            output = func(*args, **kwargs)
+        if not isinstance(output, Tensor):
+            self._recorder.declined_by(rule.name, "functional", name)
+            return output
+        self._counts[name] += 1
+        call = Call(func, name, "functional", args, kwargs, output, self.hooks, split, self._counts[name], runs_as)
+        result = rule.apply(call)  # runs inside __torch_function__, where the mode is off: nothing is intercepted
+        self._recorder.rewritten(rule.name, "functional", name)
+        if result is None or result is output:
+            return call.input.copy_(output) if split else output
+        return call.input.copy_(result) if inplace else result
+
+
+class _Interceptor(TorchFunctionMode):
+    """The engine's function mode: every functional call of the forward pass goes to `RuleEngine._function_call`."""
+
+    def __init__(self, engine: RuleEngine) -> None:
+        super().__init__()
+        self.engine = engine
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return self.engine._function_call(func, args, kwargs or {})
+
+
+def _needs_grad(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
+def _user_stacklevel() -> int:
+    """The stack level of the first frame outside hookviz and contextlib: the user's line that called the method."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE + os.sep) and os.path.basename(path) != "contextlib.py":
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1

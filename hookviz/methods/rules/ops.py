@@ -1,0 +1,63 @@
+"""Operations by name: how a functional callable is spelled in reports, its spellings, and its in-place variants.
+
+A functional operation reaches a `torch.overrides.TorchFunctionMode` as the callable that was called: ``F.relu``,
+``torch.relu``, ``Tensor.relu`` and ``torch.relu_`` are four objects for one operation. `spellings` lists them for a
+table, `function_name` names one for the coverage report, `out_of_place` finds the variant that leaves its input
+intact (what the engine runs when a rule needs an in-place call's input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# the namespaces a functional call is looked up in, in the order a report prefers their names (``torch.relu_`` is
+# also ``F.relu_``, ``torch.conv2d`` also ``F.conv2d``: the torch name wins)
+_NAMESPACES: tuple[tuple[str, Any], ...] = (("torch", torch), ("F", F), ("Tensor", Tensor))
+# in-place dunder methods and their out-of-place counterparts (``a += b`` reaches the mode as ``Tensor.add_``, but a
+# subclass or an older torch may dispatch the dunder itself)
+_DUNDERS = {"__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__", "__itruediv__": "__truediv__"}
+
+
+def function_name(func: Callable[..., Any]) -> str:
+    """``"F.relu"``, ``"torch.relu_"``, ``"Tensor.add"``: the name under which `func` is reachable, else its own."""
+    name = getattr(func, "__name__", None)
+    if name is None:
+        return repr(func)
+    for prefix, namespace in _NAMESPACES:
+        if getattr(namespace, name, None) is func:
+            return f"{prefix}.{name}"
+    return name
+
+
+def out_of_place(func: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The out-of-place variant of an in-place callable (``torch.relu_`` -> ``torch.relu``, ``Tensor.add_`` ->
+    ``Tensor.add``, ``Tensor.__iadd__`` -> ``Tensor.__add__``); None for a callable that is not in place."""
+    name = getattr(func, "__name__", "")
+    if name in _DUNDERS:
+        base = _DUNDERS[name]
+    elif name.endswith("_") and not name.endswith("__"):
+        base = name[:-1]
+    else:
+        return None
+    for _, namespace in _NAMESPACES:
+        if getattr(namespace, name, None) is func and getattr(namespace, base, None) is not None:
+            return getattr(namespace, base)
+    return None
+
+
+def spellings(name: str, *, inplace: bool = True) -> dict[Callable[..., Any], str]:
+    """Every callable spelling of the operation `name` in ``F``, ``torch`` and ``Tensor``, with its report name:
+    ``spellings("relu")`` gives ``torch.relu``, ``F.relu``, ``Tensor.relu`` and (with `inplace`) ``torch.relu_``
+    (which is ``F.relu_``) and ``Tensor.relu_``. A callable reachable under two names is listed once."""
+    found: dict[Callable[..., Any], str] = {}
+    for variant in (name, name + "_") if inplace else (name,):
+        for prefix, namespace in _NAMESPACES:
+            func = getattr(namespace, variant, None)
+            if callable(func) and func not in found:
+                found[func] = f"{prefix}.{variant}"
+    return found

@@ -1,0 +1,130 @@
+"""`Rule` and `RuleTable`: which operations a method rewrites, and how.
+
+A rule is data: a name (for the coverage report), a function that receives one intercepted `Call` during the
+forward pass and returns the output to use, and whether it needs the call's input intact. A table maps operations
+to rules: module types (or instances, or predicates over ``(name, module)``) and functional callables. An entry with
+the rule None marks an operation the method watches but leaves alone: it is counted as not covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from torch import Tensor, nn
+
+from .ops import function_name
+
+if TYPE_CHECKING:
+    from .call import Call
+
+ModuleKey: TypeAlias = "type[nn.Module] | tuple[type[nn.Module], ...] | nn.Module | Callable[[str, nn.Module], bool]"
+# (function, args, kwargs) -> the name to report the call under as not covered, or None to let it pass unreported
+UncoveredPredicate: TypeAlias = Callable[[Callable[..., Any], tuple, dict], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: `apply` receives the intercepted call during the forward pass and returns the output to use in its
+    place (None: keep the output as computed). Typically the returned tensor comes from a custom
+    `torch.autograd.Function` whose backward *is* the rule, or carries a tensor hook placed with ``call.hooks``.
+
+    Attributes:
+        name: the rule's name in the coverage report (``"ReLU"``, ``"rescale"``, ``"epsilon"``).
+        apply: ``(call) -> Tensor | None``.
+        needs_input: the rule reads the call's input after the operation ran: modules that work in place
+            (``inplace=True``) run out of place while the engine's hooks live, and in-place functional calls
+            (``torch.relu_``, ``F.relu(x, inplace=True)``, ``a += b``) run their out-of-place variant, the rule's
+            result written back into the input afterwards.
+    """
+
+    name: str
+    apply: Callable[[Call], Tensor | None]
+    needs_input: bool = False
+
+
+class RuleTable:
+    """Operations -> rules. Build it with `modules` and `functions` (chainable); the first entry that matches an
+    operation decides its rule, for modules and functions alike.
+
+    Args:
+        warn: warn once after the forward pass when operations the table watches ran without a rule (the method's
+            name in the message); False where leaving them alone is the method's documented choice (the coverage
+            report still lists them).
+        uncovered: for functional calls the table has no entry for: ``(func, args, kwargs) -> name | None``, the
+            name under which the call counts as not covered (None: it passes unreported). LRP reports every
+            operation on a tensor that needs a gradient except reshaping and routing; the ReLU rules report nothing.
+
+    Example::
+
+        table = RuleTable().modules(nn.ReLU, rule).functions(spellings("relu"), rule).modules(nn.GELU, None)
+    """
+
+    def __init__(self, *, warn: bool = True, uncovered: UncoveredPredicate | None = None) -> None:
+        if not isinstance(warn, bool):
+            raise TypeError(f"warn must be True or False, got {type(warn).__name__} {warn!r}")
+        if uncovered is not None and not callable(uncovered):
+            raise TypeError(f"uncovered must be a callable (func, args, kwargs) -> name or None, got {uncovered!r}")
+        self.warn = warn
+        self.uncovered = uncovered
+        self._modules: list[tuple[ModuleKey, Rule | None]] = []
+        self._functions: dict[Callable[..., Any], tuple[str, Rule | None]] = {}
+
+    def modules(self, key: ModuleKey, rule: Rule | None) -> RuleTable:
+        """Map modules to `rule`: a module class or tuple of classes (subclasses match), one module instance, or a
+        predicate ``(name, module) -> bool``. Every call of a matching module is intercepted, however often it runs."""
+        if not (
+            isinstance(key, nn.Module)
+            or (isinstance(key, type) and issubclass(key, nn.Module))
+            or (isinstance(key, tuple) and key and all(isinstance(t, type) and issubclass(t, nn.Module) for t in key))
+            or (callable(key) and not isinstance(key, type))
+        ):
+            raise TypeError(
+                f"module key must be an nn.Module class or tuple of classes, a module instance or a predicate "
+                f"(name, module) -> bool; got {key!r}"
+            )
+        _check_rule(rule)
+        self._modules.append((key, rule))
+        return self
+
+    def functions(
+        self, funcs: Mapping[Callable[..., Any], str] | Iterable[Callable[..., Any]], rule: Rule | None
+    ) -> RuleTable:
+        """Map functional callables to `rule`: a mapping ``{callable: report name}`` (e.g. `ops.spellings`) or an
+        iterable of callables (named by `ops.function_name`). In-place variants and Tensor methods are separate
+        callables: list each spelling the table should see (`ops.spellings` lists them all)."""
+        _check_rule(rule)
+        items = funcs.items() if isinstance(funcs, Mapping) else ((f, function_name(f)) for f in funcs)
+        for func, name in items:
+            if not callable(func):
+                raise TypeError(f"functions: {func!r} is not callable")
+            self._functions.setdefault(func, (name, rule))
+        return self
+
+    # -- look-ups (the engine's) -----------------------------------------------------------------------------------
+    def module_entry(self, name: str, module: nn.Module) -> tuple[bool, Rule | None]:
+        """(whether the table names this module, its rule or None)."""
+        for key, rule in self._modules:
+            if isinstance(key, nn.Module):
+                hit = key is module
+            elif isinstance(key, type | tuple):
+                hit = isinstance(module, key)
+            else:
+                hit = bool(key(name, module))
+            if hit:
+                return True, rule
+        return False, None
+
+    def function_entry(self, func: Callable[..., Any]) -> tuple[str, Rule | None] | None:
+        """(report name, rule or None) of a functional callable; None if the table does not name it."""
+        return self._functions.get(func)
+
+    def __repr__(self) -> str:
+        rules = sorted({r.name for _, r in self._modules if r} | {r.name for _, r in self._functions.values() if r})
+        return f"RuleTable({len(self._modules)} module entries, {len(self._functions)} functions, rules={rules})"
+
+
+def _check_rule(rule: object) -> None:
+    if rule is not None and not isinstance(rule, Rule):
+        raise TypeError(f"rule must be a Rule or None (watched, left alone), got {type(rule).__name__}")
