@@ -23,8 +23,9 @@ Where nothing upstream of A needs a gradient (frozen weights, an input that is n
 query, key and value of ``F.multi_head_attention_forward``) becomes a leaf that does, so the target's gradient at
 A exists; nothing upstream is cut, since nothing upstream was in the graph.
 
-An attention module that runs without any of these calls inside it (a TorchScript module, a custom kernel) raises
-`AttentionNotVisible` naming it after the forward pass: a rollout that silently missed a layer would be wrong.
+An attention module that runs without any of these calls inside it (a custom kernel) raises `AttentionNotVisible`
+naming it after the forward pass, and a TorchScript attention module raises it before the forward pass: a rollout
+that silently missed a layer would be wrong.
 """
 
 from __future__ import annotations
@@ -170,6 +171,13 @@ class AttentionCapture:
         modules = attention_modules(self.model)
         if not modules:
             return
+        scripted = [n for n, m in modules if isinstance(m, torch.jit.ScriptModule)]
+        if scripted:  # hooks cannot be placed on them, and the calls inside them are not Python calls
+            raise AttentionNotVisible(
+                f"the attention module {scripted[0]!r} (a TorchScript module) runs its attention inside TorchScript, "
+                "where hookviz cannot see the softmax or F.scaled_dot_product_attention call, so its attention "
+                "probabilities cannot be read; explain the module before scripting it"
+            )
         chosen = {id(m) for _, m in modules}
 
         def selected(name: str, module: nn.Module) -> bool:
