@@ -512,3 +512,42 @@ def test_cross_attention_shapes_are_refused_with_the_module_named() -> None:
         ValueError, match=r"the attention in 'attention' \(sdpa\) has probabilities of shape \(2, 1, 1, 5\)"
     ):
         hv.AttentionRollout(model).attribute(torch.randn(2, 5, 4))
+
+
+# -- what every method does (the every-method tests run on CNNs, which these methods refuse) -------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_non_finite_inputs_are_refused_before_the_forward_pass(method) -> None:
+    model = timm_vit(True)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    x = images()
+    x[0, 0, 0, 0] = float("nan")
+    try:
+        with pytest.raises(ValueError, match=r"inputs: found 1 non-finite value\(s\) \(NaN or Inf\)"):
+            method(model).attribute(x)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float64_and_inference_inputs_are_explained_like_float32_ones(method) -> None:
+    model = timm_vit(True)
+    x = images()
+    want = method(model).attribute(x, target=[1, 2])
+    got = method(model).attribute(x.double(), target=[1, 2])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # float64 -> float32 gives x back exactly
+    with torch.inference_mode():
+        xi = x.clone()
+    torch.testing.assert_close(method(model).attribute(xi, target=[1, 2]), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_deep_copy_explains_like_the_original(method) -> None:
+    import copy
+
+    explainer = method(timm_vit(True))
+    twin = copy.deepcopy(explainer)
+    assert twin.model is not explainer.model
+    torch.testing.assert_close(twin.attribute(images(), 1), explainer.attribute(images(), 1))
