@@ -41,7 +41,8 @@ METHODS = (hv.AttentionRollout, hv.GradientRollout)
 def timm_vit(fused: bool, dtype: torch.dtype = torch.float32, **kwargs) -> nn.Module:
     torch.manual_seed(0)
     options = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0}
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, **{**options, **kwargs})
+    options["num_classes"] = 10
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**options, **kwargs})
     for block in model.blocks:
         block.attn.fused_attn = fused
     return model.to(dtype).eval()
@@ -551,3 +552,26 @@ def test_a_deep_copy_explains_like_the_original(method) -> None:
     twin = copy.deepcopy(explainer)
     assert twin.model is not explainer.model
     torch.testing.assert_close(twin.attribute(images(), 1), explainer.attribute(images(), 1))
+
+
+# -- everywhere a method goes ------------------------------------------------------------------------------------------
+def test_data_set_report_evaluate_and_sanity_check_take_the_rollouts(tmp_path) -> None:
+    from hookviz.cli.common import _parse_methods
+    from hookviz.zoo import CLASSES, ShapesDataset, shapes
+
+    assert _parse_methods("attention-rollout,gradient-rollout") == ["attention-rollout", "gradient-rollout"]
+    vit = timm_vit(True, img_size=64, patch_size=16, num_classes=len(CLASSES))
+    data = ShapesDataset(4, seed=5)
+    stores = []
+    for name in ("attention-rollout", "gradient-rollout"):
+        store = hv.explain_dataset(hv.METHODS[name](vit), data, tmp_path / name, target="label", progress=False)
+        direct = hv.METHODS[name](vit).attribute(data.shapes.images[:4], target=data.shapes.labels[:4])
+        assert len(store) == 4 and store[:].shape == (4, 1, 4, 4)
+        torch.testing.assert_close(store[:].float(), direct, rtol=1e-2, atol=1e-3 * direct.abs().max())  # float16
+        stores.append(tmp_path / name)
+    assert hv.report(stores, tmp_path / "report", data=data, model=vit, workers=1).is_file()
+    fresh = shapes(4, seed=9)
+    evaluation = hv.evaluate(["attention-rollout", "gradient-rollout"], vit, fresh, steps=4, sanity_n=2, progress=False)
+    assert evaluation.methods == ["attention-rollout", "gradient-rollout"] and torch.isfinite(evaluation.table).any()
+    sanity = hv.sanity_check(hv.GradientRollout(vit), fresh.images[:2], target=fresh.labels[:2])
+    assert len(sanity.layers) > 2
