@@ -342,6 +342,44 @@ def test_bert_sdpa_gives_the_eager_probabilities_and_token_scores(dtype) -> None
     assert_maps_close(last[:, :-1], want[:, :-1], tol)
 
 
+def causal_lm(kind: str, impl: str) -> nn.Module:
+    from transformers import GPT2Config, GPT2ForSequenceClassification, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = GPT2Config(
+            vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=16, num_labels=3, pad_token_id=0,
+            bos_token_id=1, eos_token_id=1, attn_implementation=impl,
+        )  # fmt: skip
+        return GPT2ForSequenceClassification(config).eval()
+    # grouped-query attention (4 query heads share 2 key/value heads), rotary embeddings
+    config = LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16, attn_implementation=impl,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_causal_language_models_sdpa_against_eager_read_at_the_last_token(kind) -> None:
+    sdpa, eager = causal_lm(kind, "sdpa"), causal_lm(kind, "eager")
+    ids = torch.randint(1, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+
+    def target(out):  # the next-token logit of token 3 at the last position (GPT-2's classifier: class 1)
+        return out.logits[:, -1, 3] if out.logits.dim() == 3 else out.logits[:, 1]
+
+    out = eager(ids, output_attentions=True)
+    probs = list(out.attentions)
+    assert all(torch.all(p.triu(1) == 0) for p in probs)  # causal: no attention to later tokens
+    grads = torch.autograd.grad(target(out).sum(), probs)
+    for a, b in zip(captured(sdpa, ids), probs, strict=True):
+        torch.testing.assert_close(a, b.detach(), **F32)
+    roll = hv.AttentionRollout(sdpa, token=-1).attribute(ids, target)
+    torch.testing.assert_close(roll, torch.from_numpy(ref_rollout(probs, row=-1)).float(), **F32)
+    grad = hv.GradientRollout(sdpa, token=-1).attribute(ids, target)
+    assert_maps_close(grad[:, :-1], ref_chefer(probs, grads, row=-1)[:, :-1], F32)
+
+
 def test_frozen_weights_and_a_plain_input_still_give_the_gradient_at_the_attention() -> None:
     # nothing upstream of the first attention needs a gradient: the probabilities become leaves that do
     model = timm_vit(True).requires_grad_(False)
