@@ -404,7 +404,7 @@ def test_k_targets_come_from_one_forward_pass_and_equal_single_targets(method) -
     x = images()
     try:
         both = method(model).attribute(x, target=torch.tensor([[1, 2], [3, 4]]))
-        assert len(calls) == 1 and both.shape == (2, 2, 1, 4, 4)
+        assert len(calls) == 1 and both.shape == (2, 2, 1, 4, 4) and both.is_contiguous()
         first = method(model).attribute(x, target=[1, 3])
         second = method(model).attribute(x, target=[2, 4])
     finally:

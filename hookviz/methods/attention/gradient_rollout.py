@@ -36,7 +36,8 @@ class GradientRollout(RolloutAttribution):
     the identity, the first layer first:
     $$ \bar A_l = \mathbb{E}_h[(\nabla A_l \odot A_l)^+], \qquad R \leftarrow R + \bar A_l R, \quad R_0 = I $$
     The map is the explained token's row of R (see `RolloutAttribution`): (N, 1, h, w) over the patch grid for
-    images, (N, T) for token ids, with the identity's 1 on the class token itself dropped with the prefix tokens.
+    images, (N, T) for token ids. The identity's 1 on the read-out token itself is dropped with the prefix tokens of
+    an image model, and kept in a token model's scores (the read-out token's score is 1 plus what the layers add).
     K targets per input come from one forward pass (the K backward passes batched by `hookviz.targets.batched_grad`).
 
     The gradient at $A_l$ is the total derivative of the score through every later layer (what a hook on the

@@ -120,8 +120,8 @@ class RolloutAttribution(Attribution):
         n, k, t, _ = rollout.shape
         if self.token is not None and not -t <= self.token < t:
             raise ValueError(f"token={self.token} is out of range for {t} tokens (valid: {-t}..{t - 1})")
-        if x.dim() != 4:
-            return rollout[:, :, 0 if self.token is None else self.token]
+        if x.dim() != 4:  # a copy: AttentionRollout's K targets share one matrix (an expanded view)
+            return rollout[:, :, 0 if self.token is None else self.token].contiguous()
         layout = resolve_layout(
             "the attention's tokens", rollout[:, 0, :, :1], input_size=tuple(x.shape[-2:]), model=self.model
         )
