@@ -120,7 +120,8 @@ class RolloutAttribution(Attribution):
         n, k, t, _ = rollout.shape
         if self.token is not None and not -t <= self.token < t:
             raise ValueError(f"token={self.token} is out of range for {t} tokens (valid: {-t}..{t - 1})")
-        if x.dim() != 4:  # a copy: AttentionRollout's K targets share one matrix (an expanded view)
+        # results are contiguous copies: AttentionRollout's K targets share one matrix (an expanded view)
+        if x.dim() != 4:
             return rollout[:, :, 0 if self.token is None else self.token].contiguous()
         layout = resolve_layout(
             "the attention's tokens", rollout[:, 0, :, :1], input_size=tuple(x.shape[-2:]), model=self.model
@@ -131,7 +132,7 @@ class RolloutAttribution(Attribution):
             row = rollout[:, :, 0]
         else:
             row = rollout.mean(dim=2)
-        return layout(row.flatten(0, 1).unsqueeze(-1)).unflatten(0, (n, k))
+        return layout(row.flatten(0, 1).unsqueeze(-1)).unflatten(0, (n, k)).contiguous()
 
 
 def fusion_dtype(probs: Tensor) -> torch.dtype:
