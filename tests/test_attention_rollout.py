@@ -613,3 +613,32 @@ def test_data_set_report_evaluate_and_sanity_check_take_the_rollouts(tmp_path) -
     assert evaluation.methods == ["attention-rollout", "gradient-rollout"] and torch.isfinite(evaluation.table).any()
     sanity = hv.sanity_check(hv.GradientRollout(vit), fresh.images[:2], target=fresh.labels[:2])
     assert len(sanity.layers) > 2
+
+
+def test_two_threads_explain_at_once_each_with_its_own_capture() -> None:
+    # the function mode and the hooks act only for their own call's thread: a fused ViT and an eager BERT explained
+    # at the same time give what they give alone
+    import threading
+
+    vit, (bert, (ids, mask)) = timm_vit(True), (hf_bert("sdpa"), tokens())
+    x = images()
+    alone = (
+        hv.GradientRollout(vit).attribute(x, 1),
+        hv.GradientRollout(bert).attribute(ids, 1, forward_kwargs={"attention_mask": mask}),
+    )
+    got: dict[str, Tensor] = {}
+
+    def run(key: str) -> None:
+        for _ in range(3):
+            if key == "vit":
+                got[key] = hv.GradientRollout(vit).attribute(x, 1)
+            else:
+                got[key] = hv.GradientRollout(bert).attribute(ids, 1, forward_kwargs={"attention_mask": mask})
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in ("vit", "bert")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert_maps_close(got["vit"], alone[0], F32)  # the same computation; the tolerance covers a thread split
+    assert_maps_close(got["bert"][:, 1:], alone[1][:, 1:], F32)
