@@ -231,10 +231,11 @@ def explain_tokens(
     additional_forward_args: Any = None,
     forward_kwargs: dict[str, Any] | None = None,
 ) -> TokenExplanation:
-    """`method` on integer token ids (N, T) -> `TokenExplanation`; the method must attribute to a layer (``layer=``).
+    """`method` on integer token ids (N, T) -> `TokenExplanation`; the method must attribute to a layer (``layer=``)
+    or give token scores itself (``token_scores``: the attention rollouts, (N, T)).
 
     `forward_kwargs` (e.g. ``{"attention_mask": mask}``) are passed to ``forward`` (`Attribution.attribute`)."""
-    if getattr(method, "_tap", None) is None:
+    if getattr(method, "_tap", None) is None and not getattr(method, "token_scores", False):
         raise TypeError(
             f"visualize got integer token ids {tuple(tokens.shape)}, but {method!r} has no layer=; explain token ids "
             "at a layer, e.g. IntegratedGradients(model, layer='embedding').visualize(ids, vocab=vocab)"

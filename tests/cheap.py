@@ -22,6 +22,15 @@ CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+# methods that read a transformer's attention: they refuse models without attention modules (the CNNs that the
+# every-method tests use), so those tests run them on small transformers of their own (test_attention_rollout.py,
+# test_invariants.py, the invariant suite's ViT)
+NEEDS_ATTENTION: frozenset[str] = frozenset(
+    name for name, cls in hv.METHODS.items() if issubclass(cls, hv.methods.RolloutAttribution)
+)
+ON_CNNS: list[str] = sorted(name for name in hv.METHODS if name not in NEEDS_ATTENTION)
+
+
 def cheap_method(name: str, model: nn.Module, **options: Any) -> hv.Attribution:
     """The registered method `name` on `model`, with cheap options (overridden by `options`)."""
     kwargs = {**CHEAP_OPTIONS.get(name, {}), **options}

@@ -236,7 +236,8 @@ def test_explain_errors_are_one_line_with_exit_code_2(images, tmp_path, capsys) 
     tv = ["--model", "torchvision:resnet18", "--out", out]
     err = fail(capsys, *images, *tv, "--method", "gradcamm")
     assert "unknown method 'gradcamm'" in err and "did you mean 'gradcam'" in err
-    assert "available: deconvnet, deeplift, deeplift-shap, gradcam, gradcam++" in err and "lrp-epsilon-plus-flat" in err
+    assert "available: attention-rollout, deconvnet, deeplift, deeplift-shap, gradcam, gradcam++" in err
+    assert "lrp-epsilon-plus-flat" in err
     err = fail(capsys, *images, "--model", "torchvision:resnet19", "--method", "gradcam", "--out", out)
     assert "unknown torchvision classification model 'resnet19'" in err and "resnet18" in err
     err = fail(capsys, str(tmp_path / "missing.png"), *tv, "--method", "gradcam")

@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cheap import cheap_method
+from cheap import ON_CNNS, cheap_method
 from PIL import Image
 from torch import nn
 
 import hookviz as hv
 from hookviz.cli import main
 from hookviz.figures import grid
-from hookviz.methods import METHODS
 
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _POOL = {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}
@@ -105,7 +104,7 @@ def test_a_model_without_convolution_gets_the_batch_axis_checks() -> None:
 
 
 # -- dtype: inputs are cast to the model's parameter dtype ---------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ON_CNNS)  # the attention methods: test_attention_rollout.py
 def test_float64_inputs_on_a_float32_model_are_explained_in_float32(name: str) -> None:
     model = Counted()
     x = batch(2, 3, 8, 8)
@@ -125,7 +124,7 @@ def test_float32_images_on_a_float64_model_are_explained_in_float64() -> None:
 
 
 # -- NaN / Inf -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ON_CNNS)  # the attention methods: test_attention_rollout.py
 def test_non_finite_inputs_are_refused_with_their_count(name: str) -> None:
     model = Counted()
     x = batch(2, 3, 8, 8)
@@ -166,7 +165,7 @@ def test_integrated_gradients_checks_the_baseline_again_at_call_time() -> None:
 
 
 # -- inference tensors --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", ON_CNNS)  # the attention methods: test_attention_rollout.py
 def test_tensors_made_under_inference_mode_work_with_every_method(name: str) -> None:
     model = Counted()
     x = batch(2, 3, 8, 8)

@@ -99,6 +99,9 @@ OPTIONS = {
 SUITE_METHODS = sorted(m for m in hv.METHODS if not m.startswith("lrp-"))
 # layers with parameters that no LRP composite maps (LayerNorm, attention, the class token): refused up front
 LRP_REFUSES = {"vit"}
+# the attention rollouts read self-attention: every architecture but the ViT is refused up front ("no attention found")
+ATTENTION_METHODS = {"attention-rollout", "gradient-rollout"}
+HAS_ATTENTION = {"vit"}
 SCENARIOS = ("normal", "target-out-of-range", "error-mid-forward", "interrupt-mid-forward")
 
 
@@ -241,6 +244,11 @@ def test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario
     key = (method, arch, eval_mode)
     if method == "lrp" and arch in LRP_REFUSES:
         with pytest.raises(ValueError, match="has no rule for these layers with parameters"):
+            make(method, model, arch, eval_mode)
+        check_untouched(model, x, snap, torch.is_grad_enabled())
+        return
+    if method in ATTENTION_METHODS and arch not in HAS_ATTENTION:
+        with pytest.raises(ValueError, match="no attention found"):
             make(method, model, arch, eval_mode)
         check_untouched(model, x, snap, torch.is_grad_enabled())
         return

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cheap import cheap_method
+from cheap import NEEDS_ATTENTION, ON_CNNS, cheap_method
 from torch import nn
 from torchvision import models
 
 import hookviz as hv
 from hookviz import hook_counts
 
-# every registered method, so a new method is covered without editing this file
-BUILDERS = {name: (lambda m, name=name: cheap_method(name, m)) for name in hv.METHODS}
+# every registered method, so a new method is covered without editing this file (the attention methods refuse the
+# resnet: they are checked on transformers below)
+BUILDERS = {name: (lambda m, name=name: cheap_method(name, m)) for name in ON_CNNS}
 # options that change what runs: layer attribution, noise over other methods
 BUILDERS.update(
     {
@@ -143,4 +144,88 @@ def test_model_restored_with_several_inputs_and_extra_args(name: str, fail: bool
     else:
         out = method.attribute(inputs, target=[1, 2], additional_forward_args=torch.tensor([1.0, -1.0]))
         assert all(torch.isfinite(o).all() for o in (out if isinstance(out, tuple) else (out,)))
+    assert_same(before, model)
+
+
+# -- the attention methods, on transformers in the middle of a training step -------------------------------------------
+def mid_training_vit() -> tuple[nn.Module, torch.Tensor, dict]:
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+        mlp_ratio=2.0, num_classes=10, reg_tokens=2,
+    )  # fmt: skip
+    model.train()
+    model.patch_embed.requires_grad_(False)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    model.blocks[0].eval()
+    model.blocks[1].attn.fused_attn = False  # one fused attention, one eager
+    return model, torch.randn(2, 3, 32, 32), {}
+
+
+def mid_training_bert() -> tuple[nn.Module, torch.Tensor, dict]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=10, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = BertForSequenceClassification(config).train()
+    model.bert.embeddings.requires_grad_(False)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    model(ids, attention_mask=mask).logits.sum().backward()
+    model.bert.encoder.layer[0].eval()
+    return model, ids, {"attention_mask": mask}
+
+
+TRANSFORMERS = {"timm-vit": mid_training_vit, "bert": mid_training_bert}
+MIDDLE_BLOCK = {"timm-vit": "blocks.1", "bert": "bert.encoder.layer.1"}
+
+
+@pytest.mark.parametrize("scenario", ["normal", "target-out-of-range", "target-raises", "error-inside", "interrupt"])
+@pytest.mark.parametrize("arch", sorted(TRANSFORMERS))
+@pytest.mark.parametrize("name", sorted(NEEDS_ATTENTION))
+def test_attention_methods_restore_transformers(name: str, arch: str, scenario: str) -> None:
+    model, x, kwargs = TRANSFORMERS[arch]()
+    before = snapshot(model)
+    method = cheap_method(name, model)
+    target: object = [1, 2]
+    handle = None
+    expected: tuple[type[BaseException], str | None] | None = None
+    if scenario == "target-out-of-range":
+        target, expected = 10, (ValueError, "out of range")
+    elif scenario == "target-raises":
+        target, expected = (lambda out: (_ for _ in ()).throw(KeyError("boom"))), (RuntimeError, "target callable")
+    elif scenario in ("error-inside", "interrupt"):
+        exc = ZeroDivisionError("boom in the user's own hook") if scenario == "error-inside" else KeyboardInterrupt()
+
+        def raise_it(module, args, out):
+            raise exc
+
+        handle = model.get_submodule(MIDDLE_BLOCK[arch]).register_forward_hook(raise_it)
+        expected = (type(exc), "boom" if scenario == "error-inside" else None)
+    try:
+        if expected is None:
+            out = method.attribute(x, target=target, forward_kwargs=kwargs)
+            assert out.shape[0] == 2 and torch.isfinite(out).all()
+        else:
+            with pytest.raises(expected[0], match=expected[1]):
+                method.attribute(x, target=target, forward_kwargs=kwargs)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert_same(before, model)
+    assert torch.overrides._get_current_function_mode_stack() == []
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_ATTENTION))
+def test_attention_methods_refuse_a_model_without_attention_and_leave_it_alone(name: str) -> None:
+    model = mid_training_resnet()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="no attention found in ResNet"):
+        cheap_method(name, model)
     assert_same(before, model)

@@ -52,6 +52,7 @@ LAYERS: list[str] = [
     "hookviz.methods.guided",
     "hookviz.methods.cam_layer",
     "hookviz.methods.cam",
+    "hookviz.methods.attention.*",
     "hookviz.methods.perturbation",
     "hookviz.methods.lrp.*",
     "hookviz.methods.deeplift",

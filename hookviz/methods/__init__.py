@@ -1,5 +1,6 @@
 """Attribution methods, one file per family, all over the life cycle in `base`."""
 
+from .attention import AttentionRollout, GradientRollout, RolloutAttribution
 from .base import METHODS, Attribution, get_method, register
 from .cam import (
     CAMAttribution,
@@ -28,12 +29,14 @@ from .shap import GradientShap
 __all__ = [
     "METHODS",
     "Attribution",
+    "AttentionRollout",
     "CAMAttribution",
     "Deconvnet",
     "DeepLift",
     "DeepLiftShap",
     "GradCAM",
     "GradCAMPlusPlus",
+    "GradientRollout",
     "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
@@ -50,6 +53,7 @@ __all__ = [
     "RISE",
     "ReLUCoverage",
     "ReLURuleAttribution",
+    "RolloutAttribution",
     "Saliency",
     "ScoreCAM",
     "SmoothGrad",

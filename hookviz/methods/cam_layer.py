@@ -49,11 +49,20 @@ def resolve_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Mod
         raise ValueError(f"layer: {exc}") from None
 
 
-def _is_attention(module: nn.Module) -> bool:
+def is_attention_name(class_name: str) -> bool:
+    """Whether a module class named `class_name` is an attention module by its name: it contains "Attention"
+    (timm's ``Attention``, Hugging Face's ``BertSelfAttention``, ``ViTSelfAttention``, ``GPT2Attention``, ...) or is
+    timm's ``ClassAttn`` (any case)."""
     # timm's ClassAttn (XCiT's and CaiT's class-attention blocks, where only the class token attends) counts too;
     # other "...Attn" modules (Twins, HaloNet, ResNeSt) keep the choices the architecture sweep checked
-    name = type(module).__name__.lower()
-    return isinstance(module, nn.MultiheadAttention) or "attention" in name or "classattn" in name
+    name = class_name.lower()
+    return "attention" in name or "classattn" in name
+
+
+def is_attention_module(module: nn.Module) -> bool:
+    """Whether `module` is an attention module: ``nn.MultiheadAttention`` or a class `is_attention_name` accepts
+    (used by the CAM layer choice and by the attention rollouts)."""
+    return isinstance(module, nn.MultiheadAttention) or is_attention_name(type(module).__name__)
 
 
 def choose_layer(
@@ -93,8 +102,8 @@ def choose_layer(
         probe.call = call
         model.eval()
         hooks.forward(lambda name, module: name != "", probe.on_output, with_name=True)
-        if any(_is_attention(m) for m in model.modules()):
-            hooks.forward_pre(lambda name, module: _is_attention(module), probe.on_attention, with_kwargs=True)
+        if any(is_attention_module(m) for m in model.modules()):
+            hooks.forward_pre(lambda name, module: is_attention_module(module), probe.on_attention, with_kwargs=True)
         xs = as_tuple(x)
         try:
             (forward_args or ForwardArgs((), xs[0].shape[0]))(model, xs)
