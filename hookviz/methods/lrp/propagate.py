@@ -41,6 +41,7 @@ from ..scope import acting, current_call
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
+from .transformer import NOT_HANDLED, NormIdentity, TransformerOps, is_attention_module, module_kind, norm_map
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     **RELU_FUNCTIONS,
@@ -210,10 +211,15 @@ class _Functional(TorchFunctionMode):
         run = self.run
         if run.depth > 0 or not acting(run.call):
             return func(*args, **kwargs)
+        if run.ops is not None:
+            out = run.ops.handle(func, args, kwargs)
+            if out is not NOT_HANDLED:
+                return out
         if func in ADD_FUNCTIONS:
             return run.add(func, args, kwargs)
         if func in ACTIVATION_FUNCTIONS:
-            return run.activation(func, args, kwargs)
+            out = run.activation(func, args, kwargs)
+            return out if run.ops is None else run.ops.tag(out)
         if func in POOL_FUNCTIONS:
             return run.pool(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -243,6 +249,8 @@ class LRPRun:
         self.counts: Counter[str] = Counter()
         self.uncovered: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+        rules = composite.transformer
+        self.ops = None if rules is None else TransformerOps(rules, self.entry, self.functional_linear)
 
     def acting(self) -> bool:
         return self.in_forward and acting(self.call)
@@ -252,7 +260,9 @@ class LRPRun:
         handled = (*LINEAR_LAYERS, *ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
 
         def selected(name: str, module: nn.Module) -> bool:
-            return module is not self.model and (isinstance(module, handled) or module in self.named)
+            return module is not self.model and (
+                isinstance(module, handled) or module in self.named or self.hooked_kind(module)
+            )
 
         # the rules of elementwise layers need their input intact: in-place activations run out of place
         self.hooks.out_of_place(m for m in self.model.modules() if isinstance(m, ACTIVATIONS))
@@ -272,6 +282,38 @@ class LRPRun:
         if any(selected(n, m) for n, m in self.model.named_modules()):
             self.hooks.forward_pre(selected, enter)
             self.hooks.forward(selected, leave, with_name=True, always_call=True)
+        if self.ops is not None:
+            self.place_attention_checks()
+
+    def hooked_kind(self, module: nn.Module) -> bool:
+        """Transformer composites also hook normalisations, transformers' Conv1D and activation modules (the
+        operations inside them are then not seen one by one)."""
+        if self.ops is None:
+            return False
+        return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
+
+    def place_attention_checks(self) -> None:
+        """Every attention module must run an attention the rules see; else `RuntimeError` naming it."""
+        ops = self.ops
+        assert ops is not None
+
+        def attention(name: str, module: nn.Module) -> bool:
+            return module is not self.model and is_attention_module(module) and not self.hooked_kind(module)
+
+        def enter(name: str, module: nn.Module, args: tuple) -> None:
+            if self.acting() and self.depth == 0:
+                ops.enter_attention(name)
+
+        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> None:
+            if self.acting() and self.depth == 0:
+                first = output
+                while isinstance(first, (tuple, list)) and first:
+                    first = first[0]
+                ops.leave_attention(name, module, ops.depends(first))
+
+        if any(attention(n, m) for n, m in self.model.named_modules()):
+            self.hooks.forward_pre(attention, enter, with_name=True)
+            self.hooks.forward(attention, leave, with_name=True)
 
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         self.counts[name] += 1
@@ -323,7 +365,10 @@ class LRPRun:
                     f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
                     f"{tuple(x.shape)} to {tuple(output.shape)}"
                 )
-            return _PassFn.apply(x, output.detach())
+            out = _PassFn.apply(x, output.detach())
+            return out if self.ops is None else self.ops.tag(out)  # an activation's output: a gate for CP-LRP
+        if isinstance(rule, NormIdentity) and self.ops is not None:
+            return self.ops.norm(name, x, output, norm_map(name, module, x.detach(), output))
         raise TypeError(f"LRP: rule {rule!r} cannot be applied to {type(module).__name__} {name!r}")
 
     def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
@@ -345,6 +390,18 @@ class LRPRun:
         return out
 
     # -- functional operations ------------------------------------------------------------------------------------
+    def functional_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str) -> Tensor:
+        """``F.linear(x, weight, bias)`` with the composite's rule for ``nn.Linear`` (transformer composites:
+        ``F.linear`` calls and the projections of ``nn.MultiheadAttention``)."""
+        rule = self.composite.linear_rule()
+        with torch.no_grad():
+            z = F.linear(x, weight, bias)
+        if not isinstance(rule, LinearRule):
+            raise TypeError(f"LRP: composite {self.composite.name!r} has no linear-layer rule for {name!r}")
+        call = _Call(self.entry(name, rule), rule, x.detach(), z if rule.needs_output else None)
+        call.layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
+        return _LinearFn.apply(x, z, call)
+
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         a = args[0] if args else kwargs.get("input")
         b = args[1] if len(args) > 1 else kwargs.get("other")
@@ -409,6 +466,8 @@ class LRPRun:
             for _, call in self.produced.values():
                 call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
             self.produced.clear()
+            if self.ops is not None:
+                self.ops.clear()
         if self.uncovered:
             ops = ", ".join(f"{n} x{c}" for n, c in self.uncovered.most_common(8))
             warnings.warn(

@@ -56,6 +56,8 @@ class Affine:
         b = module.bias.detach() if getattr(module, "bias", None) is not None else None
         if isinstance(module, nn.Linear):
             return cls("linear", w, b)
+        if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            return cls("linear", w.t(), b)  # transformers' GPT-2 Conv1D: y = x W + b with W (in, out)
         conv = module  # a torch.nn.modules.conv._ConvNd
         if isinstance(conv.padding, str):
             raise TypeError(
