@@ -102,9 +102,9 @@ class LRP(Attribution):
         if linear_gamma is not None and not isinstance(composite, str):
             raise ValueError("linear_gamma applies to a named transformer composite; a Composite carries its own rules")
         comp.resolve_names(model)  # selectors that match nothing fail here
-        _check_mapped(model, comp)
         if comp.transformer is not None:
             _check_visible(model, comp)
+        _check_mapped(model, comp)
         if layer is None and layer_input is not False:
             raise ValueError(f"layer_input={layer_input!r} needs layer= (the module whose input is attributed to)")
         self._tap = None if layer is None else LayerTap(model, layer, layer_input=layer_input)

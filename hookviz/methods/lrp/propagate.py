@@ -250,7 +250,9 @@ class LRPRun:
         self.uncovered: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
         rules = composite.transformer
-        self.ops = None if rules is None else TransformerOps(rules, self.entry, self.functional_linear)
+        self.ops = (
+            None if rules is None else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule)
+        )
 
     def acting(self) -> bool:
         return self.in_forward and acting(self.call)

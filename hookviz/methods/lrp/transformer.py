@@ -368,13 +368,37 @@ def is_attention_module(module: nn.Module) -> bool:
     return isinstance(module, nn.MultiheadAttention) or "Attention" in type(module).__name__
 
 
+class _BroadcastSumFn(torch.autograd.Function):
+    """Output: ``a + b`` where one side broadcasts (a position embedding added to a batch of tokens); backward: the
+    sum rule (`rules.Norm`), ``R_a = a R / stab(a + b)`` summed over the broadcast axes (same for b)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
+        ctx.call = call
+        return call.z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
+        call = ctx.call
+        a, b = call.inputs()
+        s = r / stabilize(call.z, call.rule.stabilizer)
+        ra, rb = (a * s).sum_to_size(a.shape), (b * s).sum_to_size(b.shape)
+        _audit(call, r, ra, rb)
+        return ra, rb, None
+
+
+ADD_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.add: "+", torch.add: "torch.add", Tensor.__radd__: "+"}
+
+
 class TransformerOps:
     """The transformer rules during one LRP forward pass: products, softmax, normalisations and fused attention
     calls seen by the engine's function mode (`handle`), the gates CP-LRP holds (``tags``), and the check that
     every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
 
-    def __init__(self, rules: TransformerRules, entry: EntryCall, linear: LinearCall) -> None:
+    def __init__(self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule) -> None:
         self.rules = rules
+        self.sum_rule = sum_rule
         self.entry = entry
         self.linear = linear
         self.tags: dict[int, Tensor] = {}  # id -> tensor: softmax and activation outputs (gates CP-LRP holds)
@@ -459,6 +483,8 @@ class TransformerOps:
     # -- dispatch -----------------------------------------------------------------------------------------------
     def handle(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """The rule's output for a call the transformer rules cover, else `NOT_HANDLED`."""
+        if func in ADD_FUNCTIONS:
+            return self._broadcast_add(func, args, kwargs)
         if func in MATMUL_FUNCTIONS:
             return self._matmul(func, args, kwargs)
         if func in MUL_FUNCTIONS:
@@ -489,6 +515,21 @@ class TransformerOps:
         if name in _KEEPS_TAG and args and self.tagged(args[0]):
             return self.tag(func(*args, **kwargs))
         return NOT_HANDLED
+
+    def _broadcast_add(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Sums of two tensors of different shapes (broadcasting) get the sum rule too; same-shaped sums are the
+        engine's (`propagate`)."""
+        if len(args) != 2 or kwargs or not hasattr(self.sum_rule, "stabilizer"):
+            return NOT_HANDLED
+        a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape == b.shape:
+            return NOT_HANDLED
+        if not (a.requires_grad and b.requires_grad):
+            return NOT_HANDLED
+        a0, b0 = a.detach(), b.detach()
+        z = a0 + b0
+        call = RuleCall(self.entry(self._where(ADD_FUNCTIONS[func]), self.sum_rule), self.sum_rule, (a0, b0), z, None)
+        return _BroadcastSumFn.apply(a, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
     def product(self, what: str, a: Tensor, b: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
