@@ -12,11 +12,11 @@ import warnings
 
 import pytest
 import torch
+from refs import require
 from torch import Tensor, nn
 
 import hookviz as hv
 from hookviz.methods.lrp import composite as composite_of
-from tests.refs import require
 
 EPS = 1e-6  # the composites' default stabilizer, used by the reference too
 
@@ -420,9 +420,9 @@ def test_unidentifiable_normalisation_raises() -> None:
 _LXT_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, types, torch
-    sys.path.insert(0, {root!r})
+    sys.path[:0] = [{root!r}, {tests!r}]
     import lxt
-    from tests.test_attnlrp import _hf, _torchvision_vit, _LAST
+    from test_attnlrp import _hf, _torchvision_vit, _LAST
     # lxt.efficient's __init__ imports its BERT copy, written for transformers 4 (transformers.modeling_attn_mask_utils
     # is gone in 5): the packages are entered without their __init__ to reach lxt 2.1's own rules and forwards
     base = os.path.join(os.path.dirname(lxt.__file__), "efficient")
@@ -476,9 +476,10 @@ def _lxt(variant: str) -> dict:
     """lxt's relevance per model for `variant` ("attn" or "cp"), computed once in a process of its own: lxt patches
     classes globally (torch.nn.LayerNorm included)."""
     if variant not in _LXT_RESULTS:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        tests = os.path.dirname(os.path.abspath(__file__))
+        script = _LXT_SCRIPT.format(root=os.path.dirname(tests), tests=tests)
         done = subprocess.run(
-            [sys.executable, "-c", _LXT_SCRIPT.format(root=root), variant], capture_output=True, text=True,
+            [sys.executable, "-c", script, variant], capture_output=True, text=True,
             timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
