@@ -280,9 +280,35 @@ class _SoftmaxFn(torch.autograd.Function):
         return r_in, None
 
 
+def _product(kind: str, a: Tensor, b: Tensor, scale: float) -> Tensor:
+    z = torch.matmul(a, b) if kind == "matmul" else torch.mul(a, b)
+    return z if scale == 1.0 else z * scale
+
+
+def _product_vjp(kind: str, a: Tensor, b: Tensor, scale: float, g: Tensor, wa: float, wb: float) -> list[Tensor]:
+    """The gradients of ``<_product(a, b), g>`` w.r.t. the factors with a nonzero share: written out for matrix
+    products of 2-D or more operands and elementwise products (broadcast axes summed), autograd otherwise."""
+    if scale != 1.0:
+        g = g * scale
+    if kind == "mul" or (a.dim() >= 2 and b.dim() >= 2):
+        out = []
+        if wa != 0:
+            ga = g * b if kind == "mul" else g @ b.transpose(-2, -1)
+            out.append(ga.sum_to_size(a.shape) if ga.shape != a.shape else ga)
+        if wb != 0:
+            gb = g * a if kind == "mul" else a.transpose(-2, -1) @ g
+            out.append(gb.sum_to_size(b.shape) if gb.shape != b.shape else gb)
+        return out
+    with torch.enable_grad():
+        ad = a.detach().requires_grad_(wa != 0)
+        bd = b.detach().requires_grad_(wb != 0)
+        wrt = [t for t in (ad, bd) if t.requires_grad]
+        return list(torch.autograd.grad(_product(kind, ad, bd, 1.0), wrt, g)) if wrt else []
+
+
 class _ProductFn(torch.autograd.Function):
-    """Output: ``fn(a, b)`` for a bilinear `fn` (matmul, elementwise product, a scaled q kᵀ); backward: each factor
-    gets its share (``call.extra = (fn, wa, wb)``) of ``factor * d<z, R / stab(z)>/d factor``."""
+    """Output: ``a @ b`` or ``a * b`` (times a constant scale: q kᵀ / sqrt(d)); backward: each factor gets its share
+    (``call.extra = (kind, scale, wa, wb)``) of ``factor * d<z, R / stab(z)>/d factor``."""
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
@@ -294,16 +320,12 @@ class _ProductFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         call = ctx.call
         a, b = call.inputs()
-        fn, wa, wb = call.extra
+        kind, scale, wa, wb = call.extra
         g = r / stabilize(call.z, call.rule.epsilon)
-        with torch.enable_grad():
-            ad = a.detach().requires_grad_(wa != 0)
-            bd = b.detach().requires_grad_(wb != 0)
-            wrt = [t for t in (ad, bd) if t.requires_grad]
-            grads = list(torch.autograd.grad(fn(ad, bd), wrt, g)) if wrt else []
-        ra = wa * a * grads.pop(0) if wa != 0 else torch.zeros_like(a)
-        rb = wb * b * grads.pop(0) if wb != 0 else torch.zeros_like(b)
-        _audit(call, r, ra, rb)
+        grads = _product_vjp(kind, a, b, scale, g, wa, wb)
+        ra = a * grads.pop(0) * wa if wa != 0 else None
+        rb = b * grads.pop(0) * wb if wb != 0 else None
+        _audit(call, r, *(t for t in (ra, rb) if t is not None))
         return ra, rb, None
 
 
@@ -532,9 +554,10 @@ class TransformerOps:
         return _BroadcastSumFn.apply(a, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
-    def product(self, what: str, a: Tensor, b: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-        """``fn(a, b)`` (bilinear) with the product rule; a factor that does not depend on the input is a constant
-        (the other then gets all the relevance: LRP-epsilon on a linear map)."""
+    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
+        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule; a factor
+        that does not depend on the input is a constant (the other then gets all the relevance: LRP-epsilon on a
+        linear map)."""
         da, db = self.depends(a), self.depends(b)
         rule = self.rules.product
         if da and db:
@@ -545,8 +568,8 @@ class TransformerOps:
             wa, wb = float(da), float(db)
         a0, b0 = a.detach(), b.detach()
         with torch.no_grad():
-            z = fn(a0, b0)
-        call = RuleCall(self.entry(what, rule), rule, (a0, b0), z, (fn, wa, wb))
+            z = _product(kind, a0, b0, scale)
+        call = RuleCall(self.entry(what, rule), rule, (a0, b0), z, (kind, scale, wa, wb))
         return _ProductFn.apply(a, b, call)
 
     def _matmul(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -555,7 +578,7 @@ class TransformerOps:
         a, b = (args[1], args[0]) if func is Tensor.__rmatmul__ else args
         if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or not (self.depends(a) or self.depends(b)):
             return NOT_HANDLED
-        return self.product(self._where(MATMUL_FUNCTIONS[func]), a, b, torch.matmul)
+        return self.product(self._where(MATMUL_FUNCTIONS[func]), a, b, "matmul")
 
     def _mul(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if len(args) != 2 or kwargs:
@@ -565,13 +588,13 @@ class TransformerOps:
         if not (da or db):
             return NOT_HANDLED
         if da and db:
-            return self.product(self._where(MUL_FUNCTIONS[func]), a, b, torch.mul)
+            return self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
         x = a if da else b
         out = func(*args, **kwargs)
         if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged
             return _PassFn.apply(x, out.detach())
         return (
-            self.product(self._where(MUL_FUNCTIONS[func]), a, b, torch.mul)
+            self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
             if isinstance(a, Tensor) and isinstance(b, Tensor)
             else NOT_HANDLED
         )
@@ -650,13 +673,13 @@ class TransformerOps:
             if m.dtype == torch.bool:
                 m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
             bias = m if bias is None else bias + m
-        s = self.product(f"{what} q@k", q, k.transpose(-2, -1), lambda a, b: torch.matmul(a, b) * scale)
+        s = self.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)
         if bias is not None:
             s = s + bias  # a constant: relevance passes to the logits unchanged
         p = self.softmax(f"{what} softmax", s, -1, lambda t: torch.softmax(t, -1))
         if dropout_p > 0:
             p = self.tag(F.dropout(p, dropout_p))
-        return self.product(f"{what} p@v", p, v, torch.matmul), p
+        return self.product(f"{what} p@v", p, v, "matmul"), p
 
     def _sdpa(self, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(_sdpa_reference).bind(*args, **kwargs)
