@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -168,6 +169,10 @@ class NormMap:
         return h
 
 
+# the form (index into norm_map's candidates) identified for a normalisation module: checked once, at its first call
+_FORMS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
 def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap:
     """The `NormMap` of a normalisation module; for modules found by name (and subclasses of nn.LayerNorm, which
     may normalise other axes, like timm's ``LayerNorm2d``), the form whose output equals the module's is taken.
@@ -184,11 +189,15 @@ def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap
     candidates = [NormMap(True, 1, w, b, eps), NormMap(False, 1, w, b, eps)]
     if w is not None:
         candidates.append(NormMap(False, 1, 1 + w.detach(), b, eps))  # Gemma's RMSNorm scales by (1 + w)
+    known = _FORMS.get(module)
+    if known is not None and known < len(candidates):  # its form was identified at an earlier call
+        return candidates[known]
     ref = output.detach().float()
     tol = 1e-3 * float(ref.abs().max()) + 1e-5
-    for cand in candidates:
+    for i, cand in enumerate(candidates):
         y = cand.forward(x.detach()).float()
         if y.shape == ref.shape and bool(((y - ref).abs() <= tol).all()):
+            _FORMS[module] = i
             return cand
     raise ValueError(
         f"LRP: {name!r} ({type(module).__name__}) looks like a normalisation layer, but its output is neither a "
