@@ -524,3 +524,36 @@ def test_equals_lxt(kind: str, composite: str) -> None:
     # softmax on both sides; lxt's identity rule on activations divides by (x + 1e-10): 1e-6 of the largest relevance
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * float(want.abs().max()))
     assert float(want.abs().max()) > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_language_model_restored_when_interrupted(kind: str, exc: type[BaseException]) -> None:
+    """The model and the process come back as they were when the call is interrupted mid-forward."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    model = _hf(kind).train()
+    model.get_submodule("model.layers.1" if kind == "llama" else "transformer.h.1").eval()  # mixed modes
+    training = [m.training for m in model.modules()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(1, 64, (2, 8), generator=torch.Generator().manual_seed(9))
+    lrp = hv.LRP(model, "attn-lrp", layer=_EMBED[kind])
+    middle = model.get_submodule("model.layers.0.mlp" if kind == "llama" else "transformer.h.0.mlp")
+
+    def boom(module: nn.Module, args: tuple, out: Tensor) -> None:
+        raise exc("stop")
+
+    handle = middle.register_forward_hook(boom)
+    try:
+        with pytest.raises(exc):
+            lrp.attribute(ids, target=_LAST[kind])
+    finally:
+        handle.remove()
+    assert _get_current_function_mode_stack() == []
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
+    assert [m.training for m in model.modules()] == training
+    assert all(p.requires_grad for p in model.parameters()) and all(p.grad is None for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    lrp.attribute(ids, target=_LAST[kind])  # and the explainer works again
