@@ -96,7 +96,7 @@ _NEUTRAL = {
 class _Call:
     """One rule application in the forward pass, kept for its backward (and the audit)."""
 
-    __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x")
+    __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x", "zversion")
 
     def __init__(self, entry: AuditEntry, rule: Rule, x: Tensor, z: Tensor | None) -> None:
         self.entry = entry
@@ -108,6 +108,28 @@ class _Call:
         self.version = x._version
         self.others: tuple[Tensor, ...] = ()
         self.graph_x: Tensor | None = None  # the input as the graph has it (for folding a BatchNorm in later)
+        self.zversion = 0
+
+    def hand_on(self, z: Tensor) -> Tensor:
+        """`z`, the op's output, handed on as the Function's output without a copy; the rule keeps an alias (if it
+        reads the output) and its version, so an in-place change downstream is noticed (`output`)."""
+        if self.z is not None:
+            self.z = z.detach()
+            self.zversion = z._version
+        return z
+
+    def output(self) -> Tensor:
+        """The op's output as the forward pass computed it: recomputed from the input if the model changed it in
+        place after this op (``out += identity``, an in-place ReLU)."""
+        assert self.z is not None
+        if self.z._version == self.zversion:
+            return self.z
+        x = self.input()
+        if self.layer is not None:
+            return self.layer.forward(x, self.layer.weight, self.layer.bias)
+        if self.fn is not None:
+            return self.fn(x)
+        return x + self.others[0]  # a sum of two branches
 
     def input(self) -> Tensor:
         if self.x._version != self.version:
@@ -123,12 +145,13 @@ def _audit(call: _Call, r: Tensor, r_in: Tensor) -> None:
 
 
 class _RuleFn(torch.autograd.Function):
-    """Output: the op's output `z` computed in the forward (`x` only links the graph); subclasses: the rule."""
+    """Output: the op's output `z` computed in the forward (`x` only links the graph; `z` comes boxed, ``(z,)``, so
+    that it is not an input, which autograd would only hand on as a view); subclasses: the rule."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
+    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor], call: _Call) -> Tensor:
         ctx.call = call
-        return z.clone()
+        return call.hand_on(zbox[0])
 
 
 class _LinearFn(_RuleFn):
@@ -140,7 +163,7 @@ class _LinearFn(_RuleFn):
         call = ctx.call
         rule = call.rule
         assert isinstance(rule, LinearRule) and call.layer is not None
-        r_in = rule.relevance(call.layer, call.input(), call.z, r)
+        r_in = rule.relevance(call.layer, call.input(), call.output() if rule.needs_output else None, r)
         _audit(call, r, r_in)
         return r_in, None, None
 
@@ -152,8 +175,8 @@ class _NormFn(_RuleFn):
     @once_differentiable
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
         call = ctx.call
-        x, z = call.input(), call.z
-        assert call.fn is not None and z is not None and isinstance(call.rule, Norm)
+        x, z = call.input(), call.output()
+        assert call.fn is not None and isinstance(call.rule, Norm)
         s = r / stabilize(z, call.rule.stabilizer)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
@@ -169,26 +192,28 @@ class _SumFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: _Call) -> Tensor:
         ctx.call = call
-        return call.z.clone()  # type: ignore[union-attr]
+        assert call.z is not None
+        return call.hand_on(call.z)  # computed for this call alone: handed on without a copy
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
         call = ctx.call
         a, b = call.input(), call.others[0]
-        assert isinstance(call.rule, Norm) and call.z is not None
-        s = r / stabilize(call.z, call.rule.stabilizer)
+        assert isinstance(call.rule, Norm)
+        s = r / stabilize(call.output(), call.rule.stabilizer)
         ra, rb = a * s, b * s
         _audit(call, r, ra + rb)
         return ra, rb, None
 
 
 class _PassFn(torch.autograd.Function):
-    """Output: an elementwise layer's output; backward: the relevance passed through unchanged."""
+    """Output: an elementwise layer's output (boxed, ``(z,)``, handed on without a copy); backward: the relevance
+    passed through unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor) -> Tensor:
-        return z.clone()
+    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor]) -> Tensor:
+        return zbox[0]
 
     @staticmethod
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
@@ -226,7 +251,7 @@ class _Functional(TorchFunctionMode):
         if func in AFFINE_FUNCTIONS and isinstance(out, Tensor):
             grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
             if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                return _PassFn.apply(grads[0], out.detach())
+                return _PassFn.apply(grads[0], (out.detach(),))
         if _name(func) not in _NEUTRAL and any(isinstance(a, Tensor) and a.requires_grad for a in args):
             run.uncovered[_name(func)] += 1
         return out
@@ -354,20 +379,20 @@ class LRPRun:
             call = _Call(self.entry(name, rule), rule, x.detach(), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
             call.graph_x = x
-            out = _LinearFn.apply(x, output.detach(), call)
+            out = _LinearFn.apply(x, (output.detach(),), call)
             self.produced[id(out)] = (out, call)
             return out
         if isinstance(rule, Norm):
             call = _Call(self.entry(name, rule), rule, x.detach(), output.detach())
             call.fn = module.forward  # no hooks in the backward pass
-            return _NormFn.apply(x, output.detach(), call)
+            return _NormFn.apply(x, (output.detach(),), call)
         if isinstance(rule, Pass):
             if output.shape != x.shape:
                 raise ValueError(
                     f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
                     f"{tuple(x.shape)} to {tuple(output.shape)}"
                 )
-            out = _PassFn.apply(x, output.detach())
+            out = _PassFn.apply(x, (output.detach(),))
             return out if self.ops is None else self.ops.tag(out)  # an activation's output: a gate for CP-LRP
         if isinstance(rule, NormIdentity) and self.ops is not None:
             return self.ops.norm(name, x, output, norm_map(name, module, x.detach(), output))
@@ -387,7 +412,7 @@ class LRPRun:
         prev.entry.name += f" + {name}"
         assert prev.graph_x is not None
         call.graph_x = prev.graph_x
-        out = _LinearFn.apply(prev.graph_x, output.detach(), call)
+        out = _LinearFn.apply(prev.graph_x, (output.detach(),), call)
         self.produced[id(out)] = (out, call)
         return out
 
@@ -402,7 +427,7 @@ class LRPRun:
             raise TypeError(f"LRP: composite {self.composite.name!r} has no linear-layer rule for {name!r}")
         call = _Call(self.entry(name, rule), rule, x.detach(), z if rule.needs_output else None)
         call.layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
-        return _LinearFn.apply(x, z, call)
+        return _LinearFn.apply(x, (z,), call)
 
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         a = args[0] if args else kwargs.get("input")
@@ -437,11 +462,11 @@ class LRPRun:
             return func(*args, **kwargs)
         inplace = func in _INPLACE or bool(kwargs.get("inplace", False))
         if not inplace:
-            return _PassFn.apply(x, func(*args, **kwargs).detach())
+            return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
         base = _INPLACE.get(func, func)
         rest = {k: v for k, v in kwargs.items() if k != "inplace"}
         out = base(*args, **rest).detach()
-        return x.copy_(_PassFn.apply(x, out))
+        return x.copy_(_PassFn.apply(x, (out,)))
 
     def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs.get("input")
@@ -452,7 +477,7 @@ class LRPRun:
         call = _Call(self.entry(POOL_FUNCTIONS[func], rule), rule, x.detach(), out.detach())
         rest = args[1:]
         call.fn = lambda t: func(t, *rest, **kwargs)
-        return _NormFn.apply(x, out.detach(), call)
+        return _NormFn.apply(x, (out.detach(),), call)
 
     @contextmanager
     def forward_pass(self) -> Iterator[None]:

@@ -222,6 +222,13 @@ class RuleCall:
         self.extra = extra
         self.version = tuple(t._version for t in (*tensors, z))
 
+    def hand_on(self) -> Tensor:
+        """The output, handed on as the Function's output without a copy; the call keeps an alias (sharing its
+        version counter), not the output itself, which would hold the graph node that holds this call (a cycle)."""
+        z = self.z
+        self.z = z.detach()
+        return z
+
     def inputs(self) -> tuple[Tensor, ...]:
         """The stored inputs; `RuntimeError` if they (or the output, which the products and the softmax hand on
         without a copy) were modified in place since."""
@@ -249,20 +256,24 @@ class _NormIdentityFn(torch.autograd.Function):
     """Output: the normalisation's output; backward: `NormIdentity`."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor, call: RuleCall) -> Tensor:
+    def forward(ctx: Any, x: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return z.clone()
+        return call.hand_on()
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
         call = ctx.call
-        (x,) = call.inputs()
         nm: NormMap = call.extra
-        s = r / stabilize(call.z, call.rule.epsilon)
+        x = call.tensors[0]
+        if x._version != call.version[0]:
+            call.inputs()  # raises: the input changed in place
+        # the output as computed; recomputed from the input if the model changed it in place afterwards
+        y = call.z if call.z._version == call.version[-1] else nm.forward(x)
+        s = r / stabilize(y, call.rule.epsilon)
         r_in = (x * nm.transpose(s, nm.sigma(x))).to(x.dtype)
         _audit(call, r, r_in)
-        return r_in, None, None
+        return r_in, None
 
 
 class _SoftmaxFn(torch.autograd.Function):
@@ -271,7 +282,7 @@ class _SoftmaxFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, s: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return call.z  # computed for this call alone: no copy (in-place changes are caught by the version check)
+        return call.hand_on()  # computed for this call alone: no copy (in-place changes: the version check)
 
     @staticmethod
     @once_differentiable
@@ -322,7 +333,7 @@ class _ProductFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return call.z  # computed for this call alone: no copy (in-place changes are caught by the version check)
+        return call.hand_on()  # computed for this call alone: no copy (in-place changes: the version check)
 
     @staticmethod
     @once_differentiable
@@ -366,11 +377,12 @@ _KEEPS_TAG = {"to", "type_as", "dropout", "contiguous", "float", "half", "double
 
 
 class _PassFn(torch.autograd.Function):
-    """Output: an elementwise op's output; backward: relevance unchanged."""
+    """Output: an elementwise op's output (boxed, ``(z,)``: handed on without a copy); backward: relevance
+    unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor) -> Tensor:
-        return z.clone()
+    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor]) -> Tensor:
+        return zbox[0]
 
     @staticmethod
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
@@ -406,7 +418,7 @@ class _BroadcastSumFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return call.z
+        return call.hand_on()
 
     @staticmethod
     @once_differentiable
@@ -539,7 +551,7 @@ class TransformerOps:
             x = args[0] if args else kwargs.get("input")
             if not self.depends(x):
                 return NOT_HANDLED
-            return _PassFn.apply(x, func(*args, **kwargs).detach())
+            return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
         name = getattr(func, "__name__", "")
         if name in _SOURCES:
             return func(*args, **kwargs)
@@ -601,7 +613,7 @@ class TransformerOps:
         x = a if da else b
         out = func(*args, **kwargs)
         if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged
-            return _PassFn.apply(x, out.detach())
+            return _PassFn.apply(x, (out.detach(),))
         return (
             self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
             if isinstance(a, Tensor) and isinstance(b, Tensor)
@@ -635,7 +647,7 @@ class TransformerOps:
     def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap) -> Tensor:
         rule = self.rules.norm
         call = RuleCall(self.entry(what, rule), rule, (x.detach(),), y.detach(), nm)
-        return _NormIdentityFn.apply(x, y.detach(), call)
+        return _NormIdentityFn.apply(x, call)
 
     def _norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(func).bind(*args, **kwargs)
