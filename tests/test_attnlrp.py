@@ -557,3 +557,38 @@ def test_language_model_restored_when_interrupted(kind: str, exc: type[BaseExcep
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k
     lrp.attribute(ids, target=_LAST[kind])  # and the explainer works again
+
+
+class InPlaceBlock(nn.Module):
+    """Attention whose intermediate outputs the model changes afterwards, in place or not: the rules' outputs are
+    handed on without a copy, so a rule must notice the change and use the output as it computed it."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.norm, self.qkv, self.head = nn.LayerNorm(8), nn.Linear(8, 24), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(x)
+        h = h.add_(0.25) if self.inplace else h + 0.25  # the norm's output
+        q, k, v = self.qkv(h).chunk(3, -1)
+        s = q @ k.transpose(-2, -1)
+        s = s.add_(0.5) if self.inplace else s + 0.5  # the product's output
+        p = s.softmax(-1)
+        p = p.add_(0.0) if self.inplace else p.clone()  # the softmax's output (still the probabilities for CP-LRP)
+        o = p @ v
+        o = o.add_(1.0) if self.inplace else o + 1.0  # the second product's output
+        return self.head((o + x).mean(1))
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+def test_outputs_changed_in_place_later_are_recomputed(composite: str) -> None:
+    torch.manual_seed(3)
+    plain = InPlaceBlock(inplace=False).double().eval()
+    inplace = InPlaceBlock(inplace=True).double().eval()
+    inplace.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    want = hv.LRP(plain, composite).attribute(x, target=1)
+    got = hv.LRP(inplace, composite).attribute(x, target=1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)  # float64: the same numbers, recomputed
+    assert float(want.abs().sum()) > 0

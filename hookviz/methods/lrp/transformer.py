@@ -229,10 +229,14 @@ class RuleCall:
         self.z = z.detach()
         return z
 
+    def output(self, recompute: Callable[[], Tensor]) -> Tensor:
+        """The output as the forward pass computed it; `recompute` (from the inputs) where the model changed it in
+        place afterwards (``scores += mask``, ``masked_fill_``): the outputs are handed on without a copy."""
+        return self.z if self.z._version == self.version[-1] else recompute()
+
     def inputs(self) -> tuple[Tensor, ...]:
-        """The stored inputs; `RuntimeError` if they (or the output, which the products and the softmax hand on
-        without a copy) were modified in place since."""
-        if tuple(t._version for t in (*self.tensors, self.z)) != self.version:
+        """The stored inputs; `RuntimeError` if they were modified in place since."""
+        if tuple(t._version for t in self.tensors) != self.version[:-1]:
             raise RuntimeError(
                 f"LRP: an input of {self.entry.name!r} was modified in place after it was read, so its rule cannot "
                 "be evaluated; make the in-place operation that follows it out of place"
@@ -265,11 +269,8 @@ class _NormIdentityFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
         call = ctx.call
         nm: NormMap = call.extra
-        x = call.tensors[0]
-        if x._version != call.version[0]:
-            call.inputs()  # raises: the input changed in place
-        # the output as computed; recomputed from the input if the model changed it in place afterwards
-        y = call.z if call.z._version == call.version[-1] else nm.forward(x)
+        (x,) = call.inputs()
+        y = call.output(lambda: nm.forward(x))
         s = r / stabilize(y, call.rule.epsilon)
         r_in = (x * nm.transpose(s, nm.sigma(x))).to(x.dtype)
         _audit(call, r, r_in)
@@ -282,7 +283,7 @@ class _SoftmaxFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, s: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return call.hand_on()  # computed for this call alone: no copy (in-place changes: the version check)
+        return call.hand_on()  # computed for this call alone: no copy (changed in place later: recomputed)
 
     @staticmethod
     @once_differentiable
@@ -292,7 +293,8 @@ class _SoftmaxFn(torch.autograd.Function):
         if call.rule.hold:
             r_in = torch.zeros_like(s)
         else:
-            p, dim = call.z, call.extra
+            dim = call.extra
+            p = call.output(lambda: torch.softmax(s.to(call.z.dtype), dim))
             logits = torch.where(torch.isfinite(s), s, torch.zeros((), dtype=s.dtype, device=s.device))
             r = r.to(p.dtype)
             r_in = (logits * (r - p * r.sum(dim, keepdim=True))).to(s.dtype)
@@ -333,7 +335,7 @@ class _ProductFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
         ctx.call = call
-        return call.hand_on()  # computed for this call alone: no copy (in-place changes: the version check)
+        return call.hand_on()  # computed for this call alone: no copy (changed in place later: recomputed)
 
     @staticmethod
     @once_differentiable
@@ -341,7 +343,7 @@ class _ProductFn(torch.autograd.Function):
         call = ctx.call
         a, b = call.inputs()
         kind, scale, wa, wb = call.extra
-        g = r / stabilize(call.z, call.rule.epsilon)
+        g = r / stabilize(call.output(lambda: _product(kind, a, b, scale)), call.rule.epsilon)
         grads = _product_vjp(kind, a, b, scale, g, wa, wb)
         ra = a * grads.pop(0) * wa if wa != 0 else None
         rb = b * grads.pop(0) * wb if wb != 0 else None
@@ -425,7 +427,7 @@ class _BroadcastSumFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
         call = ctx.call
         a, b = call.inputs()
-        s = r / stabilize(call.z, call.rule.stabilizer)
+        s = r / stabilize(call.output(lambda: a + b), call.rule.stabilizer)
         ra, rb = (a * s).sum_to_size(a.shape), (b * s).sum_to_size(b.shape)
         _audit(call, r, ra, rb)
         return ra, rb, None
