@@ -592,3 +592,40 @@ def test_outputs_changed_in_place_later_are_recomputed(composite: str) -> None:
     got = hv.LRP(inplace, composite).attribute(x, target=1)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)  # float64: the same numbers, recomputed
     assert float(want.abs().sum()) > 0
+
+
+class ScaledBlock(nn.Module):
+    """A residual branch scaled by a learned per-channel constant, in place (timm's LayerScale(inplace=True)) or not."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.fc, self.gamma, self.head = nn.Linear(8, 8), nn.Parameter(torch.full((8,), 0.3)), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.fc(x)
+        y = y.mul_(self.gamma) if self.inplace else y * self.gamma
+        return self.head((x + y).mean(1))
+
+
+def test_scaling_by_a_constant_in_place_passes_relevance() -> None:
+    torch.manual_seed(4)
+    plain, inplace = ScaledBlock(False).double(), ScaledBlock(True).double()
+    inplace.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    want = hv.LRP(plain, "attn-lrp").attribute(x, target=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # covered: no plain gradient through mul_
+        got = hv.LRP(inplace, "attn-lrp").attribute(x, target=0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)  # float64, the same rules
+
+
+def test_k_targets_equal_separate_calls() -> None:
+    model = _timm_vit(True)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(10))
+    lrp = hv.LRP(model, "attn-lrp")
+    both = lrp.attribute(x, target=torch.tensor([[0, 3], [2, 1]]))
+    assert both.shape == (2, 2, 3, 32, 32)
+    for j in range(2):
+        one = lrp.attribute(x, target=torch.tensor([[0, 3], [2, 1]])[:, j])
+        torch.testing.assert_close(both[:, j], one, rtol=1e-5, atol=1e-7)  # float32; the same forward values

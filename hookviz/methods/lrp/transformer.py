@@ -368,6 +368,8 @@ SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
     Tensor.softmax: "Tensor.softmax",
 }
 NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
+# in-place scaling by a constant (timm's LayerScale with inplace=True: x.mul_(gamma)): relevance unchanged
+SCALE_INPLACE: dict[Callable[..., Any], str] = {Tensor.mul_: "*=", Tensor.div_: "/="}
 NEGATIONS: dict[Callable[..., Any], str] = {torch.neg: "torch.neg", Tensor.neg: "-", Tensor.__neg__: "-"}
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
@@ -549,6 +551,8 @@ class TransformerOps:
             return self.linear(x, w, b, self._where("F.linear"))
         if func in NORM_FUNCTIONS:
             return self._norm(func, args, kwargs)
+        if func in SCALE_INPLACE:
+            return self._scale_inplace(func, args, kwargs)
         if func in NEGATIONS:
             x = args[0] if args else kwargs.get("input")
             if not self.depends(x):
@@ -621,6 +625,16 @@ class TransformerOps:
             if isinstance(a, Tensor) and isinstance(b, Tensor)
             else NOT_HANDLED
         )
+
+    def _scale_inplace(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 2 or kwargs or not self.depends(args[0]) or self.depends(args[1]):
+            return NOT_HANDLED
+        x, c = args
+        with torch.no_grad():
+            val = x * c if func is Tensor.mul_ else x / c
+        if val.shape != x.shape or val.dtype != x.dtype:
+            return NOT_HANDLED
+        return x.copy_(_PassFn.apply(x, (val,)))
 
     # -- softmax ------------------------------------------------------------------------------------------------
     def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
