@@ -97,11 +97,14 @@ OPTIONS = {
 # the lrp-<composite> names are `LRP` with another default composite: "lrp" stands for them (the rules themselves
 # are tested in test_lrp.py), which keeps the suite's run time modest
 SUITE_METHODS = sorted(m for m in hv.METHODS if not m.startswith("lrp-"))
-# layers with parameters that no LRP composite maps (LayerNorm, attention, the class token): refused up front
+# layers with parameters that no CNN composite maps (LayerNorm, attention, the class token): refused up front by
+# "lrp" (epsilon-plus-flat); the transformer composites explain them (TRANSFORMER_METHODS, on the transformer archs)
 LRP_REFUSES = {"vit"}
 # the attention rollouts read self-attention: every architecture but the ViT is refused up front ("no attention found")
 ATTENTION_METHODS = {"attention-rollout", "gradient-rollout"}
 HAS_ATTENTION = {"vit"}
+TRANSFORMER_METHODS = ("lrp-attn-lrp", "lrp-cp-lrp")
+TRANSFORMER_ARCHS = ("vit",)
 SCENARIOS = ("normal", "target-out-of-range", "error-mid-forward", "interrupt-mid-forward")
 
 
@@ -283,3 +286,15 @@ def test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario
             if user_hook is not None:
                 user_hook.remove()
         check_untouched(model, x, snap, grad_enabled)
+
+
+@pytest.mark.parametrize("eval_mode", [True, False], ids=["eval", "keep-modes"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("arch_model", TRANSFORMER_ARCHS, indirect=True)
+@pytest.mark.parametrize("method", TRANSFORMER_METHODS)
+def test_transformer_composites_leave_model_and_process_as_they_were(
+    method, arch_model, scenario, eval_mode, explainers
+) -> None:
+    """AttnLRP / CP-LRP (their own rules: products, softmax, norms, the decomposed nn.MultiheadAttention) on the
+    torchvision ViT, in the same four endings and two modes as every other method."""
+    test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario, eval_mode, explainers)

@@ -16,6 +16,13 @@ name                           first layer           convolutions    fully conne
 ``epsilon-gamma-box``          ZBox (convolution)    Gamma           Epsilon
 =============================  ====================  ==============  =====================================
 
+Transformer composites (`TRANSFORMER_COMPOSITES`, see `hookviz.methods.lrp.transformer`): ``attn-lrp`` (AttnLRP,
+Achtibat et al., 2024) and ``cp-lrp`` (CP-LRP, Ali et al., 2022): LRP-epsilon on linear layers (``nn.Linear``,
+transformers' ``Conv1D``, ``F.linear`` calls, convolutions; gamma with ``linear_gamma=``), the identity rule on
+LayerNorm / RMSNorm and on elementwise activations, the softmax rule, the uniform rule on products of two activations
+(held attention probabilities and gates for CP-LRP), fused attention calls decomposed; embeddings and a container's
+own parameters (class tokens, position embeddings) take their share of relevance like biases.
+
 "First layer" is the first convolution (or linear layer) *to run* in the forward pass; zennit takes the first in
 ``named_modules()`` order, which differs when a model registers its modules in another order than it calls them.
 """
@@ -29,7 +36,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from ...hooks import Selector, select_modules
-from .rules import AlphaBeta, Epsilon, Flat, Gamma, Norm, Pass, Rule, ZBox, ZPlus
+from .rules import AlphaBeta, Epsilon, Flat, Gamma, Gradient, Norm, Pass, Rule, ZBox, ZPlus
+from .transformer import Attention, NormIdentity, Softmax, TransformerRules, Uniform, module_kind
 
 CONVOLUTIONS: tuple[type[nn.Module], ...] = (
     nn.Conv1d,
@@ -94,6 +102,7 @@ GRADIENT_LAYERS: tuple[type[nn.Module], ...] = (
 
 TypeMap = Sequence[tuple[type[nn.Module] | tuple[type[nn.Module], ...], Rule]]
 NameMap = Sequence[tuple[Selector, Rule]]
+KindMap = Sequence[tuple[str, Rule]]
 
 
 @dataclass
@@ -116,6 +125,10 @@ class Composite:
     first_map: TypeMap = ()
     sum_rule: Rule = field(default_factory=Norm)
     name: str = "custom"
+    # modules found by name or behaviour (`transformer.module_kind`: "conv1d", "norm", "activation", "parameters")
+    kind_map: KindMap = ()
+    # function-level rules of transformer composites (products, softmax, F.layer_norm, fused attention)
+    transformer: TransformerRules | None = None
 
     def __post_init__(self) -> None:
         for what, entries in (("type_map", self.type_map), ("first_map", self.first_map)):
@@ -144,6 +157,18 @@ class Composite:
                     return rule
         for types, rule in self.type_map:
             if isinstance(module, types):
+                return rule
+        if self.kind_map:
+            kind = module_kind(module)
+            for k, rule in self.kind_map:
+                if k == kind:
+                    return rule
+        return None
+
+    def linear_rule(self) -> Rule | None:
+        """The rule of ``nn.Linear`` layers (``F.linear`` calls of transformer composites get it too)."""
+        for types, rule in self.type_map:
+            if issubclass(nn.Linear, types):
                 return rule
         return None
 
@@ -177,6 +202,24 @@ def _named(
     return Composite(type_map=type_map, first_map=first, sum_rule=Norm(stabilizer), name=name)
 
 
+def _transformer(name: str, epsilon: float, stabilizer: float, linear_gamma: float | None) -> Composite:
+    cp = name == "cp-lrp"
+    lin: Rule = Epsilon(epsilon) if linear_gamma is None else Gamma(linear_gamma, stabilizer)
+    norm = NormIdentity(epsilon)
+    rules = TransformerRules(Uniform(epsilon, hold_gates=cp), Softmax(hold=cp), norm)
+    type_map: list[tuple[Any, Rule]] = [
+        *_base(stabilizer),
+        ((nn.LayerNorm, nn.RMSNorm), norm),
+        (nn.MultiheadAttention, Attention()),
+        (LINEAR_LAYERS, lin),
+        (nn.Embedding, Gradient()),
+    ]
+    kind_map = [("conv1d", lin), ("norm", norm), ("activation", Pass()), ("parameters", Gradient())]
+    return Composite(type_map=type_map, sum_rule=Norm(stabilizer), name=name, kind_map=kind_map, transformer=rules)
+
+
+TRANSFORMER_COMPOSITES: tuple[str, ...] = ("attn-lrp", "cp-lrp")
+
 COMPOSITES: tuple[str, ...] = (
     "epsilon",
     "epsilon-plus",
@@ -197,18 +240,35 @@ def composite(
     stabilizer: float = 1e-6,
     type_map: TypeMap = (),
     name_map: NameMap = (),
+    linear_gamma: float | None = None,
 ) -> Composite:
     """The named composite `name` (see the module docstring), with `type_map` / `name_map` entries put before its
-    own (so they win). Unknown names raise `ValueError` listing the valid ones."""
-    if not isinstance(name, str) or name not in COMPOSITES:
-        raise ValueError(f"unknown LRP composite {name!r}; valid composites: {', '.join(COMPOSITES)}")
-    base = _named(name, epsilon, gamma, low, high, stabilizer)
+    own (so they win). Unknown names raise `ValueError` listing the valid ones. `linear_gamma` (transformer
+    composites only): the gamma rule with this gamma on linear layers instead of LRP-epsilon (the AttnLRP paper's
+    choice for vision transformers)."""
+    names = (*COMPOSITES, *TRANSFORMER_COMPOSITES)
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"unknown LRP composite {name!r}; valid composites: {', '.join(names)}")
+    if linear_gamma is not None:
+        if name not in TRANSFORMER_COMPOSITES:
+            raise ValueError(
+                f"linear_gamma is an option of the transformer composites ({', '.join(TRANSFORMER_COMPOSITES)}), "
+                f"not of {name!r}; use composite='epsilon-gamma-box' or a Composite with Gamma rules"
+            )
+        if isinstance(linear_gamma, bool) or not isinstance(linear_gamma, (int, float)) or not linear_gamma >= 0:
+            raise ValueError(f"linear_gamma must be None or a finite number >= 0, got {linear_gamma!r}")
+    if name in TRANSFORMER_COMPOSITES:
+        base = _transformer(name, epsilon, stabilizer, linear_gamma)
+    else:
+        base = _named(name, epsilon, gamma, low, high, stabilizer)
     return Composite(
         type_map=[*type_map, *base.type_map],
         name_map=list(name_map),
         first_map=base.first_map,
         sum_rule=base.sum_rule,
         name=name,
+        kind_map=base.kind_map,
+        transformer=base.transformer,
     )
 
 

@@ -7,9 +7,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...hooks import HookManager
+from ...hooks import HookManager, Selector
 from ...targets import BackwardStrategy, Targets, batched_grad, resolve_targets
 from ..base import Attribution, register
+from ..forward import ForwardArgs
+from ..layer import LayerTap
 from .audit import RelevanceAudit
 from .composites import (
     ACTIVATIONS,
@@ -18,6 +20,7 @@ from .composites import (
     COMPOSITES,
     GRADIENT_LAYERS,
     LINEAR_LAYERS,
+    TRANSFORMER_COMPOSITES,
     Composite,
     composite,
 )
@@ -40,12 +43,22 @@ class LRP(Attribution):
 
     Args:
         composite: a name (``"epsilon"``, ``"epsilon-plus"``, ``"epsilon-plus-flat"`` (default),
-            ``"epsilon-alpha2-beta1"``, ``"epsilon-alpha2-beta1-flat"``, ``"epsilon-gamma-box"``) or a `Composite`.
+            ``"epsilon-alpha2-beta1"``, ``"epsilon-alpha2-beta1-flat"``, ``"epsilon-gamma-box"``; for transformers
+            ``"attn-lrp"``, AttnLRP (Achtibat et al., 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance
+            Propagation for Transformers", ICML), and ``"cp-lrp"``, CP-LRP (Ali et al., 2022, "XAI for
+            Transformers: Better Explanations through Conservative Propagation", ICML); see
+            `hookviz.methods.lrp.transformer`) or a `Composite`.
         canonize: fold BatchNorm into the preceding layer and split branch additions with the Norm rule, found at
             run time (zennit's ``ResNetCanonizer`` / ``VGGCanonizer`` without writing one per architecture).
         epsilon: LRP-epsilon's stabilizer (fully connected layers); gamma: the gamma rule's factor; low / high: the
             input bounds of the ZBox first layer of ``"epsilon-gamma-box"`` (numbers or tensors broadcasting to
             the input, e.g. (1, 3, 1, 1)).
+        linear_gamma: transformer composites only: the gamma rule with this gamma on linear layers instead of
+            LRP-epsilon (the AttnLRP paper's choice for vision transformers); None (default): LRP-epsilon.
+        layer: take the relevance at this module's output instead of the input (a module, its dotted name or a
+            `HookManager` selector naming one module), e.g. the token embedding of a language model: the inputs
+            may then be integer token ids, and the result is shaped like the layer's output, (N, T, D) (N, K, T, D);
+            ``visualize`` gives a `TokenExplanation`. `layer_input`: its (first) input instead.
 
     After each call ``self.audit`` (a `RelevanceAudit`) lists, per layer call, the relevance that entered and left,
     and the conservation ratio input relevance / f_c(x). A warning names functional operations in the forward pass
@@ -70,6 +83,9 @@ class LRP(Attribution):
         gamma: float = 0.25,
         low: float | Tensor | None = None,
         high: float | Tensor | None = None,
+        linear_gamma: float | None = None,
+        layer: Selector | None = None,
+        layer_input: bool = False,
         eval_mode: bool = True,
         backward: BackwardStrategy = "auto",
     ) -> None:
@@ -77,19 +93,36 @@ class LRP(Attribution):
         if not isinstance(canonize, bool):
             raise TypeError(f"canonize must be True or False, got {type(canonize).__name__} {canonize!r}")
         if isinstance(composite, str):
-            comp = _named_composite(composite, epsilon=epsilon, gamma=gamma, low=low, high=high)
+            extra: dict[str, Any] = {} if linear_gamma is None else {"linear_gamma": linear_gamma}
+            comp = _named_composite(composite, epsilon=epsilon, gamma=gamma, low=low, high=high, **extra)
         elif isinstance(composite, Composite):
             comp = composite
         else:
             raise TypeError(f"composite must be a composite name or a Composite, got {type(composite).__name__}")
+        if linear_gamma is not None and not isinstance(composite, str):
+            raise ValueError("linear_gamma applies to a named transformer composite; a Composite carries its own rules")
         comp.resolve_names(model)  # selectors that match nothing fail here
+        if comp.transformer is not None:
+            _check_visible(model, comp)
         _check_mapped(model, comp)
+        if layer is None and layer_input is not False:
+            raise ValueError(f"layer_input={layer_input!r} needs layer= (the module whose input is attributed to)")
+        self._tap = None if layer is None else LayerTap(model, layer, layer_input=layer_input)
         self.composite = comp
         self.canonize = canonize
         self.audit: RelevanceAudit | None = None
 
+    @property
+    def layer(self) -> str | None:
+        """Dotted name of the layer whose relevance is returned (None: the input)."""
+        return None if self._tap is None else self._tap.name
+
+    def _allows_integer_inputs(self) -> bool:
+        return self._tap is not None
+
     def __repr__(self) -> str:
-        return f"LRP({type(self.model).__name__}, composite={self.composite.name!r})"
+        tap = f", {self._tap!r}" if self._tap is not None else ""
+        return f"LRP({type(self.model).__name__}, composite={self.composite.name!r}{tap})"
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         for _, rule in (*self.composite.first_map, *self.composite.type_map, *self.composite.name_map):
@@ -102,9 +135,15 @@ class LRP(Attribution):
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         run = LRPRun(self.model, self.composite, hooks, self.canonize)
         run.place_hooks()
-        leaf = x.detach().requires_grad_(True)
+        fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
         with run.forward_pass():
-            output = self.model(leaf)
+            if self._tap is None:
+                leaf = x.detach().requires_grad_(True)
+                output = fwd(self.model, (leaf,))
+            else:
+                with self._tap.capture() as taken:
+                    output = fwd(self.model, (x.detach(),))
+                leaf = self._tap.one(taken)
         targets = resolve_targets(target, output, x.shape[0])
         scores = targets.scores
         # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it.
@@ -117,9 +156,22 @@ class LRP(Attribution):
 
 
 def _named_composite(name: str, **kwargs: Any) -> Composite:
-    if name not in COMPOSITES:
-        raise ValueError(f"unknown LRP composite {name!r}; valid composites: {', '.join(COMPOSITES)}")
+    names = (*COMPOSITES, *TRANSFORMER_COMPOSITES)
+    if name not in names:
+        raise ValueError(f"unknown LRP composite {name!r}; valid composites: {', '.join(names)}")
     return composite(name, **kwargs)
+
+
+def _check_visible(model: nn.Module, comp: Composite) -> None:
+    """`ValueError` naming a TorchScript submodule: the engine cannot see the operations inside it, so its
+    attention would silently get a plain gradient."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            raise ValueError(
+                f"LRP composite {comp.name!r}: {name or '(model)'!r} ({type(module).__name__}) is a TorchScript "
+                "module, whose operations the rules cannot see (its attention would get a plain gradient); explain "
+                "the eager (not scripted) module"
+            )
 
 
 def _check_mapped(model: nn.Module, comp: Composite) -> None:
@@ -141,7 +193,8 @@ def _check_mapped(model: nn.Module, comp: Composite) -> None:
         shown = ", ".join(missing[:8]) + (f", and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ValueError(
             f"LRP composite {comp.name!r} has no rule for these layers with parameters: {shown}; add them to a "
-            "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())]))"
+            "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())])); for "
+            "transformers use composite='attn-lrp' or 'cp-lrp'"
         )
 
 
@@ -170,5 +223,5 @@ def _register_composite(name: str) -> type[LRP]:
     return register(f"lrp-{name}")(cls)  # type: ignore[return-value]
 
 
-for _name in COMPOSITES:
+for _name in (*COMPOSITES, *TRANSFORMER_COMPOSITES):
     _register_composite(_name)

@@ -41,6 +41,7 @@ from ..scope import acting, current_call
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
+from .transformer import NOT_HANDLED, NormIdentity, TransformerOps, is_attention_module, module_kind, norm_map
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     **RELU_FUNCTIONS,
@@ -95,7 +96,7 @@ _NEUTRAL = {
 class _Call:
     """One rule application in the forward pass, kept for its backward (and the audit)."""
 
-    __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x")
+    __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x", "zversion")
 
     def __init__(self, entry: AuditEntry, rule: Rule, x: Tensor, z: Tensor | None) -> None:
         self.entry = entry
@@ -107,6 +108,28 @@ class _Call:
         self.version = x._version
         self.others: tuple[Tensor, ...] = ()
         self.graph_x: Tensor | None = None  # the input as the graph has it (for folding a BatchNorm in later)
+        self.zversion = 0
+
+    def hand_on(self, z: Tensor) -> Tensor:
+        """`z`, the op's output, handed on as the Function's output without a copy; the rule keeps an alias (if it
+        reads the output) and its version, so an in-place change downstream is noticed (`output`)."""
+        if self.z is not None:
+            self.z = z.detach()
+            self.zversion = z._version
+        return z
+
+    def output(self) -> Tensor:
+        """The op's output as the forward pass computed it: recomputed from the input if the model changed it in
+        place after this op (``out += identity``, an in-place ReLU)."""
+        assert self.z is not None
+        if self.z._version == self.zversion:
+            return self.z
+        x = self.input()
+        if self.layer is not None:
+            return self.layer.forward(x, self.layer.weight, self.layer.bias)
+        if self.fn is not None:
+            return self.fn(x)
+        return x + self.others[0]  # a sum of two branches
 
     def input(self) -> Tensor:
         if self.x._version != self.version:
@@ -122,12 +145,13 @@ def _audit(call: _Call, r: Tensor, r_in: Tensor) -> None:
 
 
 class _RuleFn(torch.autograd.Function):
-    """Output: the op's output `z` computed in the forward (`x` only links the graph); subclasses: the rule."""
+    """Output: the op's output `z` computed in the forward (`x` only links the graph; `z` comes boxed, ``(z,)``, so
+    that it is not an input, which autograd would only hand on as a view); subclasses: the rule."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor, call: _Call) -> Tensor:
+    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor], call: _Call) -> Tensor:
         ctx.call = call
-        return z.clone()
+        return call.hand_on(zbox[0])
 
 
 class _LinearFn(_RuleFn):
@@ -139,7 +163,7 @@ class _LinearFn(_RuleFn):
         call = ctx.call
         rule = call.rule
         assert isinstance(rule, LinearRule) and call.layer is not None
-        r_in = rule.relevance(call.layer, call.input(), call.z, r)
+        r_in = rule.relevance(call.layer, call.input(), call.output() if rule.needs_output else None, r)
         _audit(call, r, r_in)
         return r_in, None, None
 
@@ -151,8 +175,8 @@ class _NormFn(_RuleFn):
     @once_differentiable
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
         call = ctx.call
-        x, z = call.input(), call.z
-        assert call.fn is not None and z is not None and isinstance(call.rule, Norm)
+        x, z = call.input(), call.output()
+        assert call.fn is not None and isinstance(call.rule, Norm)
         s = r / stabilize(z, call.rule.stabilizer)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
@@ -168,26 +192,28 @@ class _SumFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: _Call) -> Tensor:
         ctx.call = call
-        return call.z.clone()  # type: ignore[union-attr]
+        assert call.z is not None
+        return call.hand_on(call.z)  # computed for this call alone: handed on without a copy
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
         call = ctx.call
         a, b = call.input(), call.others[0]
-        assert isinstance(call.rule, Norm) and call.z is not None
-        s = r / stabilize(call.z, call.rule.stabilizer)
+        assert isinstance(call.rule, Norm)
+        s = r / stabilize(call.output(), call.rule.stabilizer)
         ra, rb = a * s, b * s
         _audit(call, r, ra + rb)
         return ra, rb, None
 
 
 class _PassFn(torch.autograd.Function):
-    """Output: an elementwise layer's output; backward: the relevance passed through unchanged."""
+    """Output: an elementwise layer's output (boxed, ``(z,)``, handed on without a copy); backward: the relevance
+    passed through unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, z: Tensor) -> Tensor:
-        return z.clone()
+    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor]) -> Tensor:
+        return zbox[0]
 
     @staticmethod
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
@@ -210,17 +236,22 @@ class _Functional(TorchFunctionMode):
         run = self.run
         if run.depth > 0 or not acting(run.call):
             return func(*args, **kwargs)
+        if run.ops is not None:
+            out = run.ops.handle(func, args, kwargs)
+            if out is not NOT_HANDLED:
+                return out
         if func in ADD_FUNCTIONS:
             return run.add(func, args, kwargs)
         if func in ACTIVATION_FUNCTIONS:
-            return run.activation(func, args, kwargs)
+            out = run.activation(func, args, kwargs)
+            return out if run.ops is None else run.ops.tag(out)
         if func in POOL_FUNCTIONS:
             return run.pool(func, args, kwargs)
         out = func(*args, **kwargs)
         if func in AFFINE_FUNCTIONS and isinstance(out, Tensor):
             grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
             if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                return _PassFn.apply(grads[0], out.detach())
+                return _PassFn.apply(grads[0], (out.detach(),))
         if _name(func) not in _NEUTRAL and any(isinstance(a, Tensor) and a.requires_grad for a in args):
             run.uncovered[_name(func)] += 1
         return out
@@ -243,6 +274,10 @@ class LRPRun:
         self.counts: Counter[str] = Counter()
         self.uncovered: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+        rules = composite.transformer
+        self.ops = (
+            None if rules is None else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule)
+        )
 
     def acting(self) -> bool:
         return self.in_forward and acting(self.call)
@@ -252,7 +287,9 @@ class LRPRun:
         handled = (*LINEAR_LAYERS, *ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
 
         def selected(name: str, module: nn.Module) -> bool:
-            return module is not self.model and (isinstance(module, handled) or module in self.named)
+            return module is not self.model and (
+                isinstance(module, handled) or module in self.named or self.hooked_kind(module)
+            )
 
         # the rules of elementwise layers need their input intact: in-place activations run out of place
         self.hooks.out_of_place(m for m in self.model.modules() if isinstance(m, ACTIVATIONS))
@@ -272,6 +309,38 @@ class LRPRun:
         if any(selected(n, m) for n, m in self.model.named_modules()):
             self.hooks.forward_pre(selected, enter)
             self.hooks.forward(selected, leave, with_name=True, always_call=True)
+        if self.ops is not None:
+            self.place_attention_checks()
+
+    def hooked_kind(self, module: nn.Module) -> bool:
+        """Transformer composites also hook normalisations, transformers' Conv1D and activation modules (the
+        operations inside them are then not seen one by one)."""
+        if self.ops is None:
+            return False
+        return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
+
+    def place_attention_checks(self) -> None:
+        """Every attention module must run an attention the rules see; else `RuntimeError` naming it."""
+        ops = self.ops
+        assert ops is not None
+
+        def attention(name: str, module: nn.Module) -> bool:
+            return module is not self.model and is_attention_module(module) and not self.hooked_kind(module)
+
+        def enter(name: str, module: nn.Module, args: tuple) -> None:
+            if self.acting() and self.depth == 0:
+                ops.enter_attention(name)
+
+        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> None:
+            if self.acting() and self.depth == 0:
+                first = output
+                while isinstance(first, (tuple, list)) and first:
+                    first = first[0]
+                ops.leave_attention(name, module, ops.depends(first))
+
+        if any(attention(n, m) for n, m in self.model.named_modules()):
+            self.hooks.forward_pre(attention, enter, with_name=True)
+            self.hooks.forward(attention, leave, with_name=True)
 
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         self.counts[name] += 1
@@ -310,20 +379,23 @@ class LRPRun:
             call = _Call(self.entry(name, rule), rule, x.detach(), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
             call.graph_x = x
-            out = _LinearFn.apply(x, output.detach(), call)
+            out = _LinearFn.apply(x, (output.detach(),), call)
             self.produced[id(out)] = (out, call)
             return out
         if isinstance(rule, Norm):
             call = _Call(self.entry(name, rule), rule, x.detach(), output.detach())
             call.fn = module.forward  # no hooks in the backward pass
-            return _NormFn.apply(x, output.detach(), call)
+            return _NormFn.apply(x, (output.detach(),), call)
         if isinstance(rule, Pass):
             if output.shape != x.shape:
                 raise ValueError(
                     f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
                     f"{tuple(x.shape)} to {tuple(output.shape)}"
                 )
-            return _PassFn.apply(x, output.detach())
+            out = _PassFn.apply(x, (output.detach(),))
+            return out if self.ops is None else self.ops.tag(out)  # an activation's output: a gate for CP-LRP
+        if isinstance(rule, NormIdentity) and self.ops is not None:
+            return self.ops.norm(name, x, output, norm_map(name, module, x.detach(), output))
         raise TypeError(f"LRP: rule {rule!r} cannot be applied to {type(module).__name__} {name!r}")
 
     def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
@@ -340,11 +412,23 @@ class LRPRun:
         prev.entry.name += f" + {name}"
         assert prev.graph_x is not None
         call.graph_x = prev.graph_x
-        out = _LinearFn.apply(prev.graph_x, output.detach(), call)
+        out = _LinearFn.apply(prev.graph_x, (output.detach(),), call)
         self.produced[id(out)] = (out, call)
         return out
 
     # -- functional operations ------------------------------------------------------------------------------------
+    def functional_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str) -> Tensor:
+        """``F.linear(x, weight, bias)`` with the composite's rule for ``nn.Linear`` (transformer composites:
+        ``F.linear`` calls and the projections of ``nn.MultiheadAttention``)."""
+        rule = self.composite.linear_rule()
+        with torch.no_grad():
+            z = F.linear(x, weight, bias)
+        if not isinstance(rule, LinearRule):
+            raise TypeError(f"LRP: composite {self.composite.name!r} has no linear-layer rule for {name!r}")
+        call = _Call(self.entry(name, rule), rule, x.detach(), z if rule.needs_output else None)
+        call.layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
+        return _LinearFn.apply(x, (z,), call)
+
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         a = args[0] if args else kwargs.get("input")
         b = args[1] if len(args) > 1 else kwargs.get("other")
@@ -378,11 +462,11 @@ class LRPRun:
             return func(*args, **kwargs)
         inplace = func in _INPLACE or bool(kwargs.get("inplace", False))
         if not inplace:
-            return _PassFn.apply(x, func(*args, **kwargs).detach())
+            return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
         base = _INPLACE.get(func, func)
         rest = {k: v for k, v in kwargs.items() if k != "inplace"}
         out = base(*args, **rest).detach()
-        return x.copy_(_PassFn.apply(x, out))
+        return x.copy_(_PassFn.apply(x, (out,)))
 
     def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs.get("input")
@@ -393,7 +477,7 @@ class LRPRun:
         call = _Call(self.entry(POOL_FUNCTIONS[func], rule), rule, x.detach(), out.detach())
         rest = args[1:]
         call.fn = lambda t: func(t, *rest, **kwargs)
-        return _NormFn.apply(x, out.detach(), call)
+        return _NormFn.apply(x, (out.detach(),), call)
 
     @contextmanager
     def forward_pass(self) -> Iterator[None]:
@@ -409,6 +493,8 @@ class LRPRun:
             for _, call in self.produced.values():
                 call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
             self.produced.clear()
+            if self.ops is not None:
+                self.ops.clear()
         if self.uncovered:
             ops = ", ".join(f"{n} x{c}" for n, c in self.uncovered.most_common(8))
             warnings.warn(

@@ -27,8 +27,12 @@ from torch import Tensor, nn
 
 
 def stabilize(z: Tensor, epsilon: float = 1e-6) -> Tensor:
-    """``z + epsilon * sign(z)`` with ``sign(0) = +1`` (zennit's ``stabilize``): the denominator of every rule."""
-    return z + torch.where(z >= 0, epsilon, -epsilon).to(z.dtype)
+    """``z + epsilon * sign(z)`` with ``sign(0) = +1`` (zennit's ``stabilize``): the denominator of every rule.
+
+    Written as ``z + ([z >= 0] * 2 eps - eps)`` with eps rounded to the default dtype (as ``torch.where(z >= 0, eps,
+    -eps)`` rounds it): the same numbers bit for bit, in a third of the time of a ``where`` on scalars."""
+    eps = float(torch.tensor(epsilon, dtype=torch.get_default_dtype()))
+    return (z >= 0).to(z.dtype).mul_(2 * eps).sub_(eps).add_(z)
 
 
 def _check_eps(name: str, value: object) -> float:
@@ -56,6 +60,8 @@ class Affine:
         b = module.bias.detach() if getattr(module, "bias", None) is not None else None
         if isinstance(module, nn.Linear):
             return cls("linear", w, b)
+        if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            return cls("linear", w.t(), b)  # transformers' GPT-2 Conv1D: y = x W + b with W (in, out)
         conv = module  # a torch.nn.modules.conv._ConvNd
         if isinstance(conv.padding, str):
             raise TypeError(

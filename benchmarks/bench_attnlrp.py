@@ -1,0 +1,180 @@
+"""AttnLRP and CP-LRP against the gradient floor: time and peak memory on a ViT-Small and a BERT-base (random weights).
+
+    python benchmarks/bench_attnlrp.py [--models vit_small bert_base] [--batch 1] [--repeats 5] [--no-memory]
+        [--out benchmarks/results/attnlrp-cpu]
+
+Models (eval mode, parameters frozen, random weights, seed 0): ``vit_small`` is timm's ``vit_small_patch16_224``
+(fused attention: ``F.scaled_dot_product_attention``) on (N, 3, 224, 224) images; ``bert_base`` is Hugging Face's
+``BertForSequenceClassification`` with bert-base's configuration (12 layers, hidden 768, 12 heads, "sdpa" attention)
+on (N, 128) token ids, explained at the word embeddings. Rows: ``floor`` (one forward + ``autograd.grad`` of the
+target score w.r.t. the input, or w.r.t. the word embeddings' output for BERT: the least any backward-pass method
+can cost), hookviz ``LRP("attn-lrp")`` and ``LRP("cp-lrp")``, and ``lxt`` where lxt 2.1 can explain the model (it
+cannot here: it has no map for timm's ViT, and its BERT is a copy of transformers 4's modelling file, which does
+not import under transformers 5; the row then says why). The rows of a model are timed round-robin, ``--repeats``
+times, median in ms; peak memory of one call in a fresh process per row (peak RSS above the resident memory just
+before the call, as in ``bench_peers.py``). Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_peers import _reset_peak_kib, _status_kib  # noqa: E402
+
+import hookviz as hv  # noqa: E402
+
+ROWS = ("floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "lxt-attn-lrp")
+TARGET = 1
+
+
+def make_model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "vit_small":
+        import timm
+
+        model = timm.create_model("vit_small_patch16_224", pretrained=False)
+    else:
+        import transformers as tf
+
+        cfg = tf.BertConfig(num_labels=2)  # bert-base: 12 layers, hidden 768, 12 heads, 3072 intermediate
+        model = tf.BertForSequenceClassification._from_config(cfg, attn_implementation="sdpa")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def make_input(name: str, batch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if name == "vit_small":
+        return torch.randn(batch, 3, 224, 224, generator=g)
+    return torch.randint(1000, 30000, (batch, 128), generator=g)
+
+
+def build(row: str, name: str, model: nn.Module) -> Callable[[torch.Tensor], Any]:
+    layer = None if name == "vit_small" else "bert.embeddings.word_embeddings"
+    if row == "floor":
+        if layer is None:
+
+            def floor(x: torch.Tensor) -> Any:
+                x = x.detach().requires_grad_(True)
+                return torch.autograd.grad(model(x)[:, TARGET].sum(), x)[0]
+
+            return floor
+        emb = model.get_input_embeddings()
+
+        def floor_tokens(ids: torch.Tensor) -> Any:
+            e = emb(ids).detach().requires_grad_(True)
+            return torch.autograd.grad(model(inputs_embeds=e).logits[:, TARGET].sum(), e)[0]
+
+        return floor_tokens
+    if row.startswith("hookviz"):
+        lrp = hv.LRP(model, row.removeprefix("hookviz-"), layer=layer)
+        return lambda x: lrp.attribute(x, TARGET)
+    why = (
+        "lxt 2.1 has no map for timm's VisionTransformer"
+        if name == "vit_small"
+        else "lxt 2.1's BERT (a copy of transformers 4's modeling_bert) does not import under transformers 5"
+    )
+    raise RuntimeError(why)
+
+
+def child(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    model = make_model(args.child_model)
+    fn = build(args.child_row, args.child_model, model)
+    x = make_input(args.child_model, args.batch)
+    before = _reset_peak_kib()
+    fn(x)
+    print(json.dumps({"peak_mib": max(0.0, (_status_kib("VmHWM") - before) / 1024)}))
+
+
+def peak(row: str, model: str, args: argparse.Namespace) -> float | None:
+    cmd = [sys.executable, __file__, "--child-row", row, "--child-model", model, "--batch", str(args.batch),
+           "--threads", str(args.threads)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print(f"memory run failed for {row} {model}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["vit_small", "bert_base"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/attnlrp-cpu")
+    ap.add_argument("--child-row", help=argparse.SUPPRESS)
+    ap.add_argument("--child-model", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_row:
+        child(args)
+        return
+    torch.set_num_threads(args.threads)
+    results = []
+    for name in args.models:
+        model = make_model(name)
+        x = make_input(name, args.batch)
+        fns: dict[str, Callable[[torch.Tensor], Any]] = {}
+        for row in ROWS:  # warm-up; a row that cannot explain the model gets a note, not a time
+            try:
+                fn = build(row, name, model)
+                fn(x)
+                fns[row] = fn
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                why = f"{type(exc).__name__}: {str(exc)[:120]}"
+                results.append({"model": name, "row": row, "ms": None, "x_floor": None, "peak_mib": None,
+                                "mem_x_floor": None, "error": why})  # fmt: skip
+                print(f"{name:10s} {row:18s} fails: {why}", flush=True)
+        times: dict[str, list[float]] = {row: [] for row in fns}
+        for _ in range(args.repeats):
+            for row, fn in fns.items():
+                t = time.perf_counter()
+                fn(x)
+                times[row].append((time.perf_counter() - t) * 1000)
+        floor = statistics.median(times["floor"])
+        mems = {row: (None if args.no_memory else peak(row, name, args)) for row in fns}
+        for row in fns:
+            med = statistics.median(times[row])
+            mem, mem_floor = mems[row], mems["floor"]
+            ratio = None if mem is None or not mem_floor else mem / mem_floor
+            results.append({"model": name, "row": row, "ms": med, "x_floor": med / floor, "peak_mib": mem,
+                            "mem_x_floor": ratio, "times": times[row]})  # fmt: skip
+            print(f"{name:10s} {row:18s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB", flush=True)
+    meta = {"torch": torch.__version__, "threads": args.threads, "batch": args.batch, "repeats": args.repeats}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    lines = [
+        f"AttnLRP / CP-LRP vs the gradient floor, CPU ({meta['threads']} thread(s)), N = {args.batch}, median of "
+        f"{args.repeats}, torch {meta['torch']}; ViT-Small at 224x224, BERT-base at 128 tokens, random weights",
+        "",
+        "| model | row | ms | x floor | peak MiB | memory x floor |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r["ms"] is None:
+            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - | - |")
+            continue
+        mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        mx = "-" if r["mem_x_floor"] is None else f"{r['mem_x_floor']:.2f}"
+        lines.append(f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} | {mx} |")
+    Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
