@@ -52,3 +52,20 @@ def assert_within(got: Tensor, want: Tensor, bound: Tensor | float) -> None:
         f"|got - want| = {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g} at flat index "
         f"{worst} (got {got.flatten()[worst].item():.6g}, want {want.flatten()[worst].item():.6g})"
     )
+
+
+def layer_acts_and_grads(model: nn.Module, layer: str, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """A = the layer's output and G = d sum_i y[i, targets[i]] / dA, from one forward and one backward of the whole
+    batch x (N, ...), in the layer's own dtype (bf16 under a bf16 autocast): (N, C, h, w) each."""
+    store: dict[str, Tensor] = {}
+
+    def keep(module: nn.Module, args: object, out: Tensor) -> None:
+        store["a"] = out
+
+    handle = dict(model.named_modules())[layer].register_forward_hook(keep)
+    try:
+        y = model(x.detach())
+    finally:
+        handle.remove()
+    (g,) = torch.autograd.grad(y[torch.arange(x.shape[0]), targets].sum(), store["a"])
+    return store["a"].detach(), g
