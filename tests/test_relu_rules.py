@@ -18,6 +18,7 @@ from hookviz.methods.guided import Deconvnet, GuidedBackprop, ReLUCoverage
 captum_attr = reference("captum.attr")  # only the captum comparisons depend on it
 
 from reference import relu_rules as ref  # noqa: E402
+from reference import same_precision as same  # noqa: E402
 from test_hooks import SeedNet  # noqa: E402
 from test_methods import image_batch, make, rel_l2  # noqa: E402
 
@@ -232,17 +233,23 @@ def test_densenet121_full_coverage() -> None:
     assert gb.coverage.by_kind == {"module": 120, "functional": 1}
 
 
-@pytest.mark.parametrize("cls", [GuidedBackprop, Deconvnet, hv.Saliency])
-def test_autocast_bf16_gives_float32_close_to_float32(cls) -> None:
+@pytest.mark.parametrize(
+    ("cls", "rule"), [(GuidedBackprop, "guided"), (Deconvnet, "deconvnet"), (hv.Saliency, "plain")]
+)
+def test_autocast_bf16_equals_the_rule_applied_by_hand_in_bf16(cls, rule: str) -> None:
+    # Whether bf16 stays near float32 is a property of bf16 (its kernels round differently per CPU instruction set),
+    # not of hookviz: compare with the same bf16 backward done by hand on a copy whose ReLU modules apply the rule,
+    # whole batch in one pass as hookviz runs it. The map is the gradient at the float32 input, with no float32
+    # accumulation after the backward pass and a rule that only clamps and masks (exact in any precision), so the
+    # two agree exactly.
     model = make("resnet18")
     x = image_batch(n=2)
-    ref = cls(model).attribute(x, target=[1, 2])
+    targets = torch.tensor([1, 2])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = cls(model).attribute(x, target=[1, 2])
-    assert got.dtype == torch.float32 and torch.isfinite(got).all()
-    # bf16 keeps 8 bits of mantissa: the maps agree in direction, not to float32 rounding
-    cosine = F.cosine_similarity(got.flatten(1), ref.flatten(1)).min()
-    assert cosine > 0.95
+        got = cls(model).attribute(x, target=targets)
+        want = same.batch_gradient(same.same_dtype_rule_copy(model, rule), x, targets)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all() and got.abs().amax() > 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
