@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from ..rules import Call, RuleTable, spellings
+from ..rules import Rule as EngineRule
 from .audit import AuditEntry
 from .rules import Rule, _check_eps, stabilize
 
@@ -527,41 +529,61 @@ class TransformerOps:
     def _where(self, what: str) -> str:
         return f"{self._open[-1][0]}: {what}" if self._open else what
 
-    # -- dispatch -----------------------------------------------------------------------------------------------
-    def handle(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """The rule's output for a call the transformer rules cover, else `NOT_HANDLED`."""
-        if func in ADD_FUNCTIONS:
-            return self._broadcast_add(func, args, kwargs)
-        if func in MATMUL_FUNCTIONS:
-            return self._matmul(func, args, kwargs)
-        if func in MUL_FUNCTIONS:
-            return self._mul(func, args, kwargs)
-        if func in SOFTMAX_FUNCTIONS:
-            return self._softmax(func, args, kwargs)
-        if func is SDPA:
-            return self._sdpa(args, kwargs)
-        if func is MHA:
-            return self._mha(args, kwargs)
-        if func is F.linear:
-            x = args[0] if args else kwargs.get("input")
-            if not self.depends(x):
-                return NOT_HANDLED
-            w = args[1] if len(args) > 1 else kwargs["weight"]
-            b = args[2] if len(args) > 2 else kwargs.get("bias")
-            return self.linear(x, w, b, self._where("F.linear"))
-        if func in NORM_FUNCTIONS:
-            return self._norm(func, args, kwargs)
-        if func in SCALE_INPLACE:
-            return self._scale_inplace(func, args, kwargs)
-        if func in NEGATIONS:
-            x = args[0] if args else kwargs.get("input")
-            if not self.depends(x):
-                return NOT_HANDLED
-            return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
-        name = getattr(func, "__name__", "")
-        if name in _SOURCES:
-            return func(*args, **kwargs)
-        if name in _KEEPS_TAG and args and self.tagged(args[0]):
+    # -- the table's entries ------------------------------------------------------------------------------------
+    def add_entries(
+        self, table: RuleTable, add: Callable[[Any, tuple, dict], Any], affine: Callable[[Call], Any]
+    ) -> None:
+        """The transformer composites' entries, added to the LRP table before its other function entries (the first
+        entry naming a callable wins): sums that broadcast (same-shaped sums: `add`), products of two activations
+        (scaling by a constant: relevance unchanged; ``x * c`` as `affine`), softmax, fused attention, ``F.linear``,
+        ``F.layer_norm`` / ``F.rms_norm``, in-place scaling, negation, embeddings and dtype queries (where relevance
+        starts; they route nothing), and copies of CP-LRP's gates (which stay gates)."""
+
+        def rule(name: str, handler: Callable[[Any, tuple, dict], Any], fallback: Callable[[Call], Any] | None = None):
+            def apply(call: Call) -> Any:
+                out = handler(call.op, call.args, call.kwargs)
+                if out is not NOT_HANDLED:
+                    return out
+                return NotImplemented if fallback is None else fallback(call)
+
+            return EngineRule(name, apply, owns_call=True)
+
+        def affine_mul(call: Call) -> Any:
+            return affine(call) if call.op in (Tensor.mul, torch.mul) else NotImplemented
+
+        (
+            table.functions(ADD_FUNCTIONS, rule("sum", self._broadcast_add, lambda c: add(c.op, c.args, c.kwargs)))
+            .functions(MATMUL_FUNCTIONS, rule("product", self._matmul))
+            .functions(MUL_FUNCTIONS, rule("product", self._mul, affine_mul))
+            .functions(SOFTMAX_FUNCTIONS, rule("softmax", self._softmax))
+            .functions({SDPA: "F.scaled_dot_product_attention"}, rule("attention", lambda f, a, k: self._sdpa(a, k)))
+            .functions({MHA: "F.multi_head_attention_forward"}, rule("attention", lambda f, a, k: self._mha(a, k)))
+            .functions({F.linear: "F.linear"}, rule("linear", self._linear))
+            .functions(NORM_FUNCTIONS, rule("identity-norm", self._norm))
+            .functions(SCALE_INPLACE, rule("scale", self._scale_inplace))
+            .functions(NEGATIONS, rule("negation", self._negation))
+        )
+        for name in sorted(_SOURCES):
+            table.functions(spellings(name, inplace=False), rule("source", _as_called))
+        for name in sorted(_KEEPS_TAG):
+            table.functions(spellings(name, inplace=False), rule("gate-copy", self._keep_tag))
+
+    def _linear(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not self.depends(x):
+            return NOT_HANDLED
+        w = args[1] if len(args) > 1 else kwargs["weight"]
+        b = args[2] if len(args) > 2 else kwargs.get("bias")
+        return self.linear(x, w, b, self._where("F.linear"))
+
+    def _negation(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not self.depends(x):
+            return NOT_HANDLED
+        return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+
+    def _keep_tag(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if args and self.tagged(args[0]):
             return self.tag(func(*args, **kwargs))
         return NOT_HANDLED
 
@@ -773,6 +795,10 @@ class TransformerOps:
             weights = p.detach().mean(1) if a["average_attn_weights"] else p.detach()
             weights = weights.squeeze(0) if unbatched else weights
         return (out.squeeze(1) if unbatched else out), weights
+
+
+def _as_called(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
 
 
 def _sdpa_reference(
