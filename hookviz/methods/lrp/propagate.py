@@ -42,8 +42,10 @@ from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .norm import norm_map
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
-from .transformer import NormIdentity, TransformerOps, is_attention_module, module_kind, norm_map
+from .transformer import NormIdentity, is_attention_module, module_kind
+from .transformer_ops import TransformerOps
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     **RELU_FUNCTIONS,
