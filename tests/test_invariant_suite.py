@@ -240,7 +240,7 @@ def refuses(method: str, arch: str) -> bool:
 @pytest.mark.parametrize("method", SUITE_METHODS)
 @pytest.mark.filterwarnings("ignore:IntegratedGradients. attributions:UserWarning")  # 2 steps: rightly warned
 @pytest.mark.filterwarnings("ignore:DeepLift.*attributions:UserWarning")  # softmax, hardswish: rightly warned
-@pytest.mark.filterwarnings("ignore:LRP. functional operations:UserWarning")  # SE blocks' products: rightly warned
+@pytest.mark.filterwarnings("ignore:LRP. operations that no rule covers:UserWarning")  # SE blocks' products
 def test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario, eval_mode, explainers) -> None:
     arch, model, x, snap = arch_model
     grad_enabled = eval_mode  # keep-modes cases run under torch.no_grad()

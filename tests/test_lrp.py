@@ -406,8 +406,14 @@ def test_uncovered_functional_ops_warn() -> None:
     with pytest.raises(ValueError, match=r"no rule for these layers with parameters: \(model\) \(_Matmul\)"):
         hv.LRP(model, "epsilon")
     comp = composite("epsilon", name_map=[(lambda n, m: n == "", Pass())])
-    with pytest.warns(UserWarning, match=r"functional operations with no relevance rule .*: matmul x1"):
-        hv.LRP(model, comp).attribute(torch.randn(1, 3, 5, 5), 0)
+    lrp = hv.LRP(model, comp)
+    # the rule engine's one warning, naming LRP; the mean's pooling rule and the ReLU's pass rule are not in it
+    with pytest.warns(UserWarning, match=r"^LRP: operations that no rule covers ran in the forward pass of _Matmul: "
+                      r"matmul x1; "):  # fmt: skip
+        lrp.attribute(torch.randn(1, 3, 5, 5), 0)
+    assert lrp.rule_coverage is not None and lrp.rule_coverage.uncovered == {"matmul": 1}
+    assert lrp.rule_coverage.covered["norm"] == {"Tensor.mean": 1}
+    assert lrp.rule_coverage.covered["pass"] == {"F.relu": 1}
 
 
 def test_bad_input_errors() -> None:

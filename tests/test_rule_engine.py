@@ -268,3 +268,54 @@ def test_table_and_ops_checks() -> None:
     assert out_of_place(torch.relu_) is torch.relu and out_of_place(Tensor.add_) is Tensor.add
     assert out_of_place(F.leaky_relu_) is F.leaky_relu and out_of_place(F.relu) is None
     assert function_name(F.gelu) == "F.gelu" and function_name(Tensor.__radd__) == "Tensor.__radd__"
+
+
+def test_owning_rule_takes_the_whole_call() -> None:
+    """`Rule.owns_call` (LRP's rules): module calls reach the rule also when no input needs a gradient; functional
+    calls reach it before the operation runs, the rule computes the output, and NotImplemented leaves the call to
+    the engine as an uncovered one (with the output the rule computed, not run again)."""
+    seen: list[tuple[str, bool]] = []
+
+    def layer(call: Call) -> None:
+        seen.append((call.name, call.input.requires_grad))
+        return None  # the output as computed
+
+    def tanh(call: Call) -> Tensor:
+        assert call.output is None  # the engine has not run it
+        x = call.input
+        if call.op is torch.tanh:
+            return x + (torch.tanh(x) - x).detach()  # tanh with the identity as derivative
+        call.output = 3 * x.tanh()  # left to the engine, which must not run it again
+        return NotImplemented
+
+    def table() -> RuleTable:
+        return (
+            RuleTable(uncovered=lambda f, a, k: function_name(f) if f is Tensor.tanh else None)
+            .modules(nn.Linear, Rule("layer", layer, owns_call=True))
+            .functions(spellings("tanh", inplace=False), Rule("tanh", tanh, owns_call=True))
+        )
+
+    x = torch.randn(3, 2)
+    g, engine = _grad(Net("torch"), table(), x)
+    torch.testing.assert_close(g, (W2 @ W1).expand(3, 2), rtol=0, atol=0)  # W2 I W1: no rounding to speak of
+    assert seen == [("fc1", True), ("fc2", True)]
+    assert engine.coverage.covered == {"tanh": {"torch.tanh": 1}}
+    assert engine.coverage.declined == {"layer": {"fc1": 1, "fc2": 1}}  # None: kept, counted as declined
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g, engine = _grad(Net("method"), table(), x)
+    leaf = x.clone().requires_grad_(True)
+    (ref,) = torch.autograd.grad((3 * (leaf @ W1.T).tanh() @ W2.T).sum(), leaf)
+    torch.testing.assert_close(g, ref)  # the same float32 operations in the same order
+    assert engine.coverage.uncovered == {"Tensor.tanh": 1} and "tanh" not in engine.coverage.covered
+    assert [str(w.message).split(":")[0] for w in caught] == ["Test"]
+
+    seen.clear()  # no input needs a gradient: an owning module rule still sees every call, others see none
+    model = Net("torch")
+    with HookManager(model) as hooks:
+        engine = RuleEngine(model, hooks, table(), method="Test")
+        with engine.forward_pass(), torch.no_grad():
+            model(x)
+    assert seen == [("fc1", False), ("fc2", False)]
+    assert engine.coverage.declined == {"layer": {"fc1": 1, "fc2": 1}, "tanh": {"torch.tanh": 1}}

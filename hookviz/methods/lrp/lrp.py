@@ -12,6 +12,7 @@ from ...targets import BackwardStrategy, Targets, batched_grad, resolve_targets
 from ..base import Attribution, register
 from ..forward import ForwardArgs
 from ..layer import LayerTap
+from ..rules import Coverage
 from .audit import RelevanceAudit
 from .composites import (
     ACTIVATIONS,
@@ -61,8 +62,10 @@ class LRP(Attribution):
             ``visualize`` gives a `TokenExplanation`. `layer_input`: its (first) input instead.
 
     After each call ``self.audit`` (a `RelevanceAudit`) lists, per layer call, the relevance that entered and left,
-    and the conservation ratio input relevance / f_c(x). A warning names functional operations in the forward pass
-    that no rule covers. A layer with parameters that the composite does not map raises `ValueError` before any work.
+    and the conservation ratio input relevance / f_c(x). The layers and operations are a rule table on the one rule
+    engine (`hookviz.methods.rules`); ``self.rule_coverage`` is its report, and its one warning names the
+    operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
+    raises `ValueError` before any work.
 
     Example::
 
@@ -111,6 +114,7 @@ class LRP(Attribution):
         self.composite = comp
         self.canonize = canonize
         self.audit: RelevanceAudit | None = None
+        self.rule_coverage: Coverage | None = None
 
     @property
     def layer(self) -> str | None:
@@ -130,20 +134,23 @@ class LRP(Attribution):
                 check_bound(rule.low, x.shape, "low")
                 check_bound(rule.high, x.shape, "high")
         self.audit = None
+        self.rule_coverage = None
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         run = LRPRun(self.model, self.composite, hooks, self.canonize)
-        run.place_hooks()
         fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
-        with run.forward_pass():
-            if self._tap is None:
-                leaf = x.detach().requires_grad_(True)
-                output = fwd(self.model, (leaf,))
-            else:
-                with self._tap.capture() as taken:
-                    output = fwd(self.model, (x.detach(),))
-                leaf = self._tap.one(taken)
+        try:
+            with run.forward_pass():
+                if self._tap is None:
+                    leaf = x.detach().requires_grad_(True)
+                    output = fwd(self.model, (leaf,))
+                else:
+                    with self._tap.capture() as taken:
+                        output = fwd(self.model, (x.detach(),))
+                    leaf = self._tap.one(taken)
+        finally:
+            self.rule_coverage = run.coverage
         targets = resolve_targets(target, output, x.shape[0])
         scores = targets.scores
         # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it.

@@ -1,29 +1,31 @@
-"""One LRP forward pass: rules attached to each layer call, canonization found at run time.
+"""One LRP forward pass: the composite as a rule table on the engine (`hookviz.methods.rules`), canonization found
+at run time.
 
-How (one forward, one backward): a forward hook on every layer with a rule replaces the layer's output by the
-output of a small `torch.autograd.Function` that keeps the layer's input (and, for rules that read it, its output)
-and whose backward *is* the rule: the relevance at the output comes in as the incoming gradient, the relevance at
-the input goes out. Nothing re-runs a layer to compute its own output again; rules with modified weights (z+, gamma,
-alpha-beta) compute their modified terms from the stored input in the backward pass.
+How (one forward, one backward): the engine hands each layer call (and each functional call the table names) to a
+rule that replaces the output by the output of a small `torch.autograd.Function` that keeps the input (and, for
+rules that read it, the output) and whose backward *is* the LRP rule: the relevance at the output comes in as the
+incoming gradient, the relevance at the input goes out. Nothing re-runs a layer to compute its own output again;
+rules with modified weights (z+, gamma, alpha-beta) compute their modified terms from the stored input in the
+backward pass. The table is built per call (`LRPRun.table`), so its rules share the pass's state:
 
-Canonization without hand-written canonizers (zennit needs ``ResNetCanonizer`` / ``VGGCanonizer``):
-
+- per-layer rules: the composite's name map, then the first-layer map (the first convolution or linear layer to
+  run), then the type map, resolved at each call (the layer rule sees every call: ``owns_call``);
 - BatchNorm folded into the preceding layer for the call only: when a BatchNorm (eval mode) receives exactly the
   output of a convolution or linear layer, the rule is applied to the folded layer ``W' = W s``,
   ``b' = (b - mean) s + beta`` (zennit's ``MergeBatchNorm``); the model's parameters are never written;
-- additions of two branches (``a + b``, ``torch.add``, ``a += b``, ``a.add_(b)``) in a ``forward`` are seen by a
-  `torch.overrides.TorchFunctionMode` active only during this call's forward pass (the mechanism the ReLU rules use
-  for ``F.relu``) and split with the composite's sum rule (`Norm`), as zennit's ``Sum`` module after canonizing;
-- functional activations (``F.relu``, ``torch.sigmoid``, ...) pass relevance through like activation modules, and
-  functional average pooling gets `Norm`.
+- additions of two branches (``a + b``, ``torch.add``, ``a += b``, ``a.add_(b)``) in a ``forward``: split with the
+  composite's sum rule (`Norm`), as zennit's ``Sum`` module after canonizing;
+- functional activations (``F.relu``, ``torch.sigmoid``, ...) pass relevance through like activation modules,
+  functional average pooling gets `Norm`, scaling by a constant passes relevance unchanged;
+- transformer composites add the entries of `transformer` (products, softmax, normalisations, fused attention).
 
-Functional operations that no rule covers (``F.conv2d`` called directly, ``torch.matmul``, ...) are counted by name
-and reported in a warning after the forward pass: their relevance is their plain gradient.
+Functional operations that no rule covers (``F.conv2d`` called directly, ``torch.matmul``, ...) are the table's
+``uncovered`` calls: the engine's one warning names them after the forward pass (``LRP.rule_coverage`` lists them);
+their relevance is their plain gradient.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,15 +35,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.overrides import TorchFunctionMode
 
 from ...hooks import HookManager
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
-from ..scope import acting, current_call
+from ..rules import Call, Coverage, RuleEngine, RuleTable
+from ..rules import Rule as EngineRule
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .norm import norm_map
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
-from .transformer import NOT_HANDLED, NormIdentity, TransformerOps, is_attention_module, module_kind, norm_map
+from .transformer import NormIdentity, is_attention_module, module_kind
+from .transformer_ops import TransformerOps
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     **RELU_FUNCTIONS,
@@ -224,93 +228,68 @@ def _name(func: Callable[..., Any]) -> str:
     return getattr(func, "__name__", repr(func))
 
 
-class _Functional(TorchFunctionMode):
-    """Additions, functional activations and pooling outside hooked layers get rules; other ops are counted."""
-
-    def __init__(self, run: LRPRun) -> None:
-        super().__init__()
-        self.run = run
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        run = self.run
-        if run.depth > 0 or not acting(run.call):
-            return func(*args, **kwargs)
-        if run.ops is not None:
-            out = run.ops.handle(func, args, kwargs)
-            if out is not NOT_HANDLED:
-                return out
-        if func in ADD_FUNCTIONS:
-            return run.add(func, args, kwargs)
-        if func in ACTIVATION_FUNCTIONS:
-            out = run.activation(func, args, kwargs)
-            return out if run.ops is None else run.ops.tag(out)
-        if func in POOL_FUNCTIONS:
-            return run.pool(func, args, kwargs)
-        out = func(*args, **kwargs)
-        if func in AFFINE_FUNCTIONS and isinstance(out, Tensor):
-            grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                return _PassFn.apply(grads[0], (out.detach(),))
-        if _name(func) not in _NEUTRAL and any(isinstance(a, Tensor) and a.requires_grad for a in args):
-            run.uncovered[_name(func)] += 1
-        return out
-
-
 class LRPRun:
-    """State of one LRP forward pass: hooks on the layers, the functional mode, the calls for the audit."""
+    """One LRP forward pass: the composite as a `RuleTable` on the rule engine (`table`), the per-pass state its
+    rules share (first layer, folded BatchNorm, the transformer rules' gates) and the calls for the audit."""
 
     def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool) -> None:
         self.model = model
         self.composite = composite
         self.hooks = hooks
         self.canonize = canonize
-        self.call = current_call()
         self.named = composite.resolve_names(model)
-        self.in_forward = False
-        self.depth = 0
         self.first_done = False
         self.entries: list[AuditEntry] = []
         self.counts: Counter[str] = Counter()
-        self.uncovered: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+        self.coverage: Coverage | None = None
+        self.engine: RuleEngine | None = None
         rules = composite.transformer
         self.ops = (
             None if rules is None else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule)
         )
 
-    def acting(self) -> bool:
-        return self.in_forward and acting(self.call)
-
-    # -- module hooks -------------------------------------------------------------------------------------------
-    def place_hooks(self) -> None:
+    # -- the table ------------------------------------------------------------------------------------------------
+    def table(self) -> RuleTable:
+        """The composite as engine entries: layers by name, type and kind (one rule object resolving the LRP rule
+        per call: name map, first layer, type map); branch additions, functional activations, pooling and scaling
+        by a constant; for transformer composites the products, softmax, normalisations and fused attention calls.
+        Every other call on a tensor that needs a gradient (except reshaping and routing) is reported uncovered."""
         handled = (*LINEAR_LAYERS, *ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
+
+        def activation_module(name: str, module: nn.Module) -> bool:
+            return module is not self.model and isinstance(module, ACTIVATIONS)
 
         def selected(name: str, module: nn.Module) -> bool:
             return module is not self.model and (
                 isinstance(module, handled) or module in self.named or self.hooked_kind(module)
             )
 
+        def layer(call: Call) -> Any:
+            assert isinstance(call.op, nn.Module)
+            return self.module_rule(call.name, call.op, call.args, call.output)
+
         # the rules of elementwise layers need their input intact: in-place activations run out of place
-        self.hooks.out_of_place(m for m in self.model.modules() if isinstance(m, ACTIVATIONS))
-
-        def enter(module: nn.Module, args: tuple) -> None:
-            if self.acting():
-                self.depth += 1
-
-        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
-            if not self.acting():
-                return None
-            try:
-                return self.module_rule(name, module, args, output)
-            finally:
-                self.depth -= 1
-
-        if any(selected(n, m) for n, m in self.model.named_modules()):
-            self.hooks.forward_pre(selected, enter)
-            self.hooks.forward(selected, leave, with_name=True, always_call=True)
+        table = (
+            RuleTable(uncovered=_uncovered)
+            .modules(activation_module, EngineRule("layer", layer, needs_input=True, owns_call=True))
+            .modules(selected, EngineRule("layer", layer, owns_call=True))
+        )
         if self.ops is not None:
-            self.place_attention_checks()
+            self.ops.add_entries(table, self.add, self.affine)
+
+        def sum_rule(call: Call) -> Any:
+            return self.add(call.op, call.args, call.kwargs)
+
+        def pool(call: Call) -> Any:
+            return self.pool(call.op, call.args, call.kwargs)
+
+        return (
+            table.functions(ADD_FUNCTIONS, EngineRule("sum", sum_rule, owns_call=True))
+            .functions(ACTIVATION_FUNCTIONS, EngineRule("pass", self.activation, owns_call=True))
+            .functions(POOL_FUNCTIONS, EngineRule("norm", pool, owns_call=True))
+            .functions(AFFINE_FUNCTIONS, EngineRule("affine", self.affine, owns_call=True))
+        )
 
     def hooked_kind(self, module: nn.Module) -> bool:
         """Transformer composites also hook normalisations, transformers' Conv1D and activation modules (the
@@ -319,7 +298,7 @@ class LRPRun:
             return False
         return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
 
-    def place_attention_checks(self) -> None:
+    def place_attention_checks(self, engine: RuleEngine) -> None:
         """Every attention module must run an attention the rules see; else `RuntimeError` naming it."""
         ops = self.ops
         assert ops is not None
@@ -328,11 +307,11 @@ class LRPRun:
             return module is not self.model and is_attention_module(module) and not self.hooked_kind(module)
 
         def enter(name: str, module: nn.Module, args: tuple) -> None:
-            if self.acting() and self.depth == 0:
+            if engine.acting() and engine.depth == 0:
                 ops.enter_attention(name)
 
         def leave(name: str, module: nn.Module, args: tuple, output: Any) -> None:
-            if self.acting() and self.depth == 0:
+            if engine.acting() and engine.depth == 0:
                 first = output
                 while isinstance(first, (tuple, list)) and first:
                     first = first[0]
@@ -430,6 +409,8 @@ class LRPRun:
         return _LinearFn.apply(x, (z,), call)
 
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A sum of two branches of the same shape with the composite's sum rule (`Norm`); other additions as
+        called (a bias, a constant)."""
         a = args[0] if args else kwargs.get("input")
         b = args[1] if len(args) > 1 else kwargs.get("other")
         alpha = kwargs.get("alpha", 1)
@@ -456,17 +437,19 @@ class LRPRun:
             return a.copy_(out)
         return out
 
-    def activation(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def activation(self, engine_call: Call) -> Any:
+        """A functional activation: relevance passes through (an output, a gate for CP-LRP)."""
+        func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, Tensor) or not x.requires_grad:
-            return func(*args, **kwargs)
-        inplace = func in _INPLACE or bool(kwargs.get("inplace", False))
-        if not inplace:
-            return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
-        base = _INPLACE.get(func, func)
-        rest = {k: v for k, v in kwargs.items() if k != "inplace"}
-        out = base(*args, **rest).detach()
-        return x.copy_(_PassFn.apply(x, (out,)))
+            out = func(*args, **kwargs)
+        elif not (func in _INPLACE or bool(kwargs.get("inplace", False))):
+            out = _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+        else:
+            base = _INPLACE.get(func, func)
+            rest = {k: v for k, v in kwargs.items() if k != "inplace"}
+            out = x.copy_(_PassFn.apply(x, (base(*args, **rest).detach(),)))
+        return out if self.ops is None else self.ops.tag(out)
 
     def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs.get("input")
@@ -479,26 +462,42 @@ class LRPRun:
         call.fn = lambda t: func(t, *rest, **kwargs)
         return _NormFn.apply(x, (out.detach(),), call)
 
+    def affine(self, engine_call: Call) -> Any:
+        """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``): relevance passes unchanged;
+        with two inputs needing a gradient (a product: gating) no rule covers it (`NotImplemented`, the engine
+        reports it), the output as computed."""
+        func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
+        out = func(*args, **kwargs)
+        if isinstance(out, Tensor):
+            grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
+                return _PassFn.apply(grads[0], (out.detach(),))
+        engine_call.output = out
+        return NotImplemented
+
     @contextmanager
     def forward_pass(self) -> Iterator[None]:
-        """The functional mode around the forward pass only, undone in ``finally``; warns afterwards about
-        functional operations no rule covered."""
-        self.in_forward = True
+        """The rule engine around the forward pass only (its hooks and function mode undone in ``finally``, its
+        one warning about uncovered operations afterwards); `coverage` set also when the pass raises."""
+        engine = RuleEngine(self.model, self.hooks, self.table(), method="LRP")
         try:
-            with _Functional(self):
+            with engine.forward_pass():
+                if self.ops is not None:
+                    self.place_attention_checks(engine)
                 yield
         finally:
-            self.in_forward = False
-            self.depth = 0
             for _, call in self.produced.values():
                 call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
             self.produced.clear()
             if self.ops is not None:
                 self.ops.clear()
-        if self.uncovered:
-            ops = ", ".join(f"{n} x{c}" for n, c in self.uncovered.most_common(8))
-            warnings.warn(
-                f"LRP: functional operations with no relevance rule ran in the forward pass of "
-                f"{type(self.model).__name__}: {ops}; relevance passes through their plain gradient (see .audit)",
-                stacklevel=6,
-            )
+            self.coverage = engine.coverage
+
+
+def _uncovered(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
+    """The name under which a call no rule covers is reported: every operation on a tensor that needs a gradient,
+    except those whose plain gradient is a correct relevance rule (reshaping, routing, selection, copies)."""
+    name = _name(func)
+    if name in _NEUTRAL or not any(isinstance(a, Tensor) and a.requires_grad for a in args):
+        return None
+    return name

@@ -9,8 +9,10 @@ its backward a rule. The pieces:
   ``Tensor.relu``: `ops.spellings` lists them, in-place variants and Tensor methods included). A rule None watches
   an operation without rewriting it (it is reported as not covered).
 - `Rule`: a name, ``apply(call) -> output`` (typically through a custom `torch.autograd.Function` whose backward is
-  the rule, or a tensor hook on the output), and ``needs_input`` (in-place calls then run out of place, their result
-  written back; in-place modules are switched out of place for the call).
+  the rule, or a tensor hook on the output), ``needs_input`` (in-place calls then run out of place, their result
+  written back; in-place modules are switched out of place for the call) and ``owns_call`` (the rule takes the whole
+  call: every module call, also without a gradient; functional calls before the operation runs, the rule computing
+  it; `NotImplemented` leaves a call to the engine as an uncovered one).
 - `Call` (``call.py``): what a rule receives: the module or function, its name, arguments, output, the method's
   `HookManager`, whether the engine split an in-place call, which call of that operation it is.
 - `RuleEngine` (``engine.py``): module hooks through the method's `HookManager` and a `TorchFunctionMode` during
@@ -21,28 +23,26 @@ its backward a rule. The pieces:
 
 The methods on it: Guided Backprop and Deconvnet (``guided.py``: one ReLU rule, other activations watched or, with
 ``activations="all"``, covered by the same rule under another name), DeepLift (``deeplift.py``: the rescale rule on
-nonlinearities, captum's max-pool rule).
+nonlinearities, captum's max-pool rule), LRP with its composites (``lrp/``, below).
 
-How LRP (``methods/lrp/``, still on its own interception today) maps onto it, without changing the engine:
+LRP (``methods/lrp/propagate.py``: ``LRPRun.table``) is a table built per call from the composite:
 
-- per-module rules resolved by a composite: the composite becomes the table's module entries, name maps first (a
-  module instance as key: `RuleTable.modules` takes instances, the first matching entry wins), then the type map.
-  The first-layer map is a rule object built per call that remembers whether a linear layer has run and applies the
-  first-layer rule to the first one (rules are built per call, so they may keep state for one forward pass);
+- per-module rules resolved by a composite: one owning rule (``owns_call``) on the layers the composite handles,
+  which resolves the LRP rule at each call (name map, then the first-layer map for the first convolution or linear
+  layer to run, then the type map: it must see every call, also one without a gradient, for "first"); activation
+  modules under an entry with ``needs_input`` (run out of place);
 - BatchNorm folded into the preceding layer seen at run time: the linear layers' rule records, per call, its output
-  tensor and its `Call`; the BatchNorm rule looks its input up there and returns the output of the folded layer's
-  rule (``call.output`` replaced, as any rule does). The record is dropped when the forward pass ends (the method
-  wraps `RuleEngine.forward_pass` in its own ``try/finally``);
-- branch additions ``a + b`` / ``a += b`` / ``torch.add`` / ``a.add_(b)``: function entries for ``Tensor.add``,
-  ``torch.add``, ``Tensor.__radd__`` and ``Tensor.add_`` with a two-input rule (``call.args`` holds both branches;
-  the rule returns None for an addition that is not of two branches needing a gradient, which keeps the plain
-  output). ``needs_input=True`` makes the engine run ``a += b`` as ``a + b`` and copy the result back into ``a``;
-- functional activations and pooling: function entries (``call.function()`` re-evaluates the pooling in the
-  backward pass for the Norm rule);
+  tensor; the BatchNorm rule looks its input up there and returns the output of the folded layer's rule. The record
+  is dropped when the forward pass ends (``LRPRun.forward_pass`` wraps `RuleEngine.forward_pass` in ``try/finally``);
+- branch additions ``a + b`` / ``a += b`` / ``torch.add`` / ``a.add_(b)``, functional activations, pooling and
+  scaling by a constant: function entries whose owning rules compute the operation themselves (an addition that is
+  not of two branches needing a gradient runs as called);
+- the transformer composites' rules (products, softmax, normalisations, fused attention decomposed): more function
+  entries, before the others (the first entry naming a callable wins; a rule falls back to the generic one or
+  returns `NotImplemented`);
 - the operations LRP reports as uncovered (every call on a tensor that needs a gradient, except reshaping and
   routing): the table's ``uncovered`` predicate, and the one warning names "LRP";
-- an audit entry per rule call: the rule creates it when applied (``call.name`` and ``call.count`` give its key,
-  ``layer#2`` for a second call) and fills it in its backward.
+- an audit entry per rule call: the rule creates it when applied and fills it in its backward.
 """
 
 from .call import Call

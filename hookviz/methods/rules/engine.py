@@ -141,7 +141,7 @@ class RuleEngine:
         if rule is None:
             self._recorder.not_covered("module", name)
             return None
-        if not isinstance(output, Tensor) or not _needs_grad(args, {}):
+        if not rule.owns_call and (not isinstance(output, Tensor) or not _needs_grad(args, {})):
             self._recorder.declined_by(rule.name, "module", name)
             return None
         self._counts[name] += 1
@@ -151,6 +151,9 @@ class RuleEngine:
             result = rule.apply(call)
         finally:
             self.depth -= 1
+        if rule.owns_call and (result is None or result is NotImplemented):
+            self._recorder.declined_by(rule.name, "module", name)
+            return None
         self._recorder.rewritten(rule.name, "module", name)
         return result
 
@@ -160,11 +163,7 @@ class RuleEngine:
             return func(*args, **kwargs)
         entry = self.table.function_entry(func)
         if entry is None:
-            if self.table.uncovered is not None:
-                name = self.table.uncovered(func, args, kwargs)
-                if name is not None:
-                    self._recorder.not_covered("functional", name)
-            return func(*args, **kwargs)
+            return self._unnamed(func, args, kwargs)
         name, rule = entry
         if rule is None:
             self._recorder.not_covered("functional", name)
@@ -172,6 +171,8 @@ class RuleEngine:
         if not _needs_grad(args, kwargs):
             self._recorder.declined_by(rule.name, "functional", name)
             return func(*args, **kwargs)
+        if rule.owns_call:
+            return self._owned_call(func, name, rule, args, kwargs)
         base = out_of_place(func)
         inplace = base is not None or bool(kwargs.get("inplace", False))
         split = inplace and rule.needs_input
@@ -191,6 +192,25 @@ class RuleEngine:
         if result is None or result is output:
             return call.input.copy_(output) if split else output
         return call.input.copy_(result) if inplace else result
+
+    def _unnamed(self, func: Callable[..., Any], args: tuple, kwargs: dict, output: Any = NotImplemented) -> Any:
+        """A functional call no entry names (or one an owning rule left): run as called (`output` if the rule ran
+        it), reported if the table's ``uncovered`` predicate names it."""
+        if self.table.uncovered is not None:
+            name = self.table.uncovered(func, args, kwargs)
+            if name is not None:
+                self._recorder.not_covered("functional", name)
+        return func(*args, **kwargs) if output is NotImplemented else output
+
+    def _owned_call(self, func: Callable[..., Any], name: str, rule: Rule, args: tuple, kwargs: dict) -> Any:
+        inplace = out_of_place(func) is not None or bool(kwargs.get("inplace", False))
+        call = Call(func, name, "functional", args, kwargs, None, self.hooks, inplace, self._counts[name] + 1)
+        result = rule.apply(call)  # runs inside __torch_function__, where the mode is off: nothing is intercepted
+        if result is NotImplemented:
+            return self._unnamed(func, args, kwargs, NotImplemented if call.output is None else call.output)
+        self._counts[name] += 1
+        self._recorder.rewritten(rule.name, "functional", name)
+        return result
 
 
 class _Interceptor(TorchFunctionMode):

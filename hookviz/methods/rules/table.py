@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from torch import Tensor, nn
+from torch import nn
 
 from .ops import function_name
 
@@ -37,11 +37,19 @@ class Rule:
             (``inplace=True``) run out of place while the engine's hooks live, and in-place functional calls
             (``torch.relu_``, ``F.relu(x, inplace=True)``, ``a += b``) run their out-of-place variant, the rule's
             result written back into the input afterwards.
+        owns_call: the rule takes the whole call, for rules that keep state over the pass or compute the operation
+            in another form (LRP): module calls reach it also when no input needs a gradient or the output is not a
+            tensor (it returns None to keep the output), so that it sees every call; functional calls that an input
+            needing a gradient reaches come to it before the operation runs (``call.output`` is None): it runs the
+            operation itself, in-place variants included, and returns the output, or `NotImplemented` to leave the
+            call to the engine as if no entry named it (run as called, or ``call.output`` if the rule set it, and
+            reported through the table's ``uncovered`` predicate). `needs_input` has no effect on functional calls.
     """
 
     name: str
-    apply: Callable[[Call], Tensor | None]
+    apply: Callable[[Call], Any]
     needs_input: bool = False
+    owns_call: bool = False
 
 
 class RuleTable:

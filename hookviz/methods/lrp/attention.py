@@ -1,0 +1,159 @@
+"""Fused attention calls decomposed during the call into the explicit form with the same semantics, so that the
+AttnLRP / CP-LRP rules apply to their parts: ``F.scaled_dot_product_attention`` (mask, causal, scale, GQA) and
+``F.multi_head_attention_forward`` (which ``nn.MultiheadAttention`` calls when autograd is on; masks, key padding):
+q kᵀ by the product rule, the softmax rule, attention · v by the product rule, projections by the linear rule."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .rulecall import NOT_HANDLED
+
+if TYPE_CHECKING:
+    from .transformer_ops import TransformerOps
+
+SDPA = F.scaled_dot_product_attention
+MHA = F.multi_head_attention_forward
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+def attend(
+    ops: TransformerOps,
+    what: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    causal: bool,
+    scale: float | None,
+    gqa: bool,
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention with F.scaled_dot_product_attention's semantics (boolean masks: True
+    takes part; float masks are added; `causal`: the upper triangle masked; `gqa`: key/value heads repeated),
+    decomposed into the product, softmax and product rules. Returns (output, attention probabilities)."""
+    n_q, n_k = q.size(-2), k.size(-2)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    if gqa and q.dim() >= 3 and k.size(-3) != q.size(-3):
+        rep = q.size(-3) // k.size(-3)
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    bias = None
+    if causal:
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+        bias = torch.zeros(n_q, n_k, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        m = mask
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        bias = m if bias is None else bias + m
+    s = ops.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)
+    if bias is not None:
+        s = s + bias  # a constant: relevance passes to the logits unchanged
+    p = ops.softmax(f"{what} softmax", s, -1, lambda t: torch.softmax(t, -1))
+    if dropout_p > 0:
+        p = ops.tag(F.dropout(p, dropout_p))
+    return ops.product(f"{what} p@v", p, v, "matmul"), p
+
+
+def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
+    bound = inspect.signature(_sdpa_reference).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    q, k, v = a["query"], a["key"], a["value"]
+    if not any(ops.depends(t) for t in (q, k, v)):
+        return NOT_HANDLED
+    out, _ = attend(
+        ops, ops._where("sdpa"), q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"]
+    )
+    return out
+
+
+def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    query, key, value = a["query"], a["key"], a["value"]
+    if not any(ops.depends(t) for t in (query, key, value)):
+        return NOT_HANDLED
+    if a["bias_k"] is not None or a["bias_v"] is not None or a["add_zero_attn"]:
+        raise TypeError(
+            f"LRP: {ops._where('nn.MultiheadAttention')} with add_bias_kv or add_zero_attn is not supported by "
+            "the attention rules"
+        )
+    if a["static_k"] is not None or a["static_v"] is not None:
+        raise TypeError("LRP: F.multi_head_attention_forward with static_k / static_v is not supported")
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    n_q, n, e = query.shape
+    n_k = key.shape[0]
+    h = a["num_heads"]
+    d = e // h
+    if a["use_separate_proj_weight"]:
+        ws = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
+    else:
+        ws = tuple(a["in_proj_weight"].chunk(3))
+    bs = (None, None, None) if a["in_proj_bias"] is None else tuple(a["in_proj_bias"].chunk(3))
+    where = ops._where("multi_head_attention")
+    inputs = zip((query, key, value), ws, bs, "qkv", strict=True)
+    q, k, v = (ops.linear(t, w, b, f"{where} in_proj {c}") for t, w, b, c in inputs)
+    q = q.reshape(n_q, n, h, d).permute(1, 2, 0, 3)  # (N, h, L, d)
+    k = k.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
+    v = v.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
+    mask = _mha_mask(a["attn_mask"], a["key_padding_mask"], n, h, n_q, n_k, q.dtype, q.device)
+    causal = bool(a["is_causal"]) and a["attn_mask"] is None
+    dropout = a["dropout_p"] if a["training"] else 0.0
+    o, p = attend(ops, where, q, k, v, mask, dropout, causal, None, False)
+    o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
+    out = ops.linear(o, a["out_proj_weight"], a["out_proj_bias"], f"{where} out_proj")
+    weights = None
+    if a["need_weights"]:
+        weights = p.detach().mean(1) if a["average_attn_weights"] else p.detach()
+        weights = weights.squeeze(0) if unbatched else weights
+    return (out.squeeze(1) if unbatched else out), weights
+
+
+def _sdpa_reference(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> None:
+    """The signature of ``F.scaled_dot_product_attention`` (a builtin, which ``inspect`` cannot read)."""
+
+
+def _mha_mask(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    n: int,
+    h: int,
+    n_q: int,
+    n_k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor | None:
+    """nn.MultiheadAttention's masks (boolean: True is *masked out*; float: added) as one additive (N, h, L, S)."""
+
+    def additive(m: Tensor) -> Tensor:
+        if m.dtype == torch.bool:
+            return torch.zeros(m.shape, dtype=dtype, device=device).masked_fill(m, float("-inf"))
+        return m.to(dtype)
+
+    out = None
+    if attn_mask is not None:
+        m = additive(attn_mask)
+        out = m.reshape(n, h, n_q, n_k) if m.dim() == 3 else m
+    if key_padding_mask is not None:
+        kp = additive(key_padding_mask).reshape(n, 1, 1, n_k)
+        out = kp if out is None else out + kp
+    return out

@@ -1,0 +1,320 @@
+"""`TransformerOps`: the AttnLRP / CP-LRP rules during one LRP forward pass, as entries of LRP's rule table: which
+functional calls they cover, what depends on the explained input, the gates CP-LRP holds, and the check that every
+attention module ran an attention the rules saw."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..rules import Call, RuleTable, spellings
+from ..rules import Rule as EngineRule
+from .attention import MHA, SDPA, mha, sdpa
+from .audit import AuditEntry
+from .norm import NormMap, _NormIdentityFn
+from .products import _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn
+from .rulecall import NOT_HANDLED, RuleCall, _PassFn
+from .rules import Rule
+from .transformer import TransformerRules
+
+# -- the operations a transformer composite intercepts ---------------------------------------------------------------
+
+MATMUL_FUNCTIONS: dict[Callable[..., Any], str] = {
+    torch.matmul: "torch.matmul",
+    Tensor.matmul: "@",
+    Tensor.__matmul__: "@",
+    Tensor.__rmatmul__: "@",
+    torch.bmm: "torch.bmm",
+    Tensor.bmm: "Tensor.bmm",
+}
+MUL_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.mul: "*", torch.mul: "torch.mul", Tensor.__rmul__: "*"}
+SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
+    F.softmax: "F.softmax",
+    torch.softmax: "torch.softmax",
+    Tensor.softmax: "Tensor.softmax",
+}
+NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
+# in-place scaling by a constant (timm's LayerScale with inplace=True: x.mul_(gamma)): relevance unchanged
+SCALE_INPLACE: dict[Callable[..., Any], str] = {Tensor.mul_: "*=", Tensor.div_: "/="}
+NEGATIONS: dict[Callable[..., Any], str] = {torch.neg: "torch.neg", Tensor.neg: "-", Tensor.__neg__: "-"}
+# embeddings are where the propagation starts (their output is the relevance's input); dtype queries route nothing
+_SOURCES = {"embedding", "is_floating_point", "is_complex"}
+# the attention probabilities stay what they are through these (tags for CP-LRP follow them)
+_KEEPS_TAG = {"to", "type_as", "dropout", "contiguous", "float", "half", "double", "type", "clone", "detach"}
+
+ADD_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.add: "+", torch.add: "torch.add", Tensor.__radd__: "+"}
+
+LinearCall = Callable[[Tensor, Tensor, "Tensor | None", str], Tensor]
+EntryCall = Callable[[str, Rule], AuditEntry]
+
+
+class TransformerOps:
+    """The transformer rules during one LRP forward pass: products, softmax, normalisations and fused attention
+    calls as entries of LRP's rule table (`add_entries`), the gates CP-LRP holds (``tags``), and the check that
+    every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
+
+    def __init__(self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule) -> None:
+        self.rules = rules
+        self.sum_rule = sum_rule
+        self.entry = entry
+        self.linear = linear
+        self.tags: dict[int, Tensor] = {}  # id -> tensor: softmax and activation outputs (gates CP-LRP holds)
+        self._reaches: dict[Any, bool] = {}  # autograd node -> whether it reaches an input (not a parameter)
+        self.attention_calls = 0
+        self._open: list[tuple[str, int]] = []  # attention modules being run: (name, attention calls at entry)
+
+    def clear(self) -> None:
+        self.tags.clear()
+        self._reaches.clear()
+        self._open.clear()
+
+    # -- what depends on the input ------------------------------------------------------------------------------
+    def depends(self, t: object) -> bool:
+        """Whether `t` depends on the explained input (a leaf that is not an `nn.Parameter`), not only on
+        parameters and constants: a product with a parameter is a linear map, not a product of two activations."""
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            return False
+        if t.grad_fn is None:
+            return not isinstance(t, nn.Parameter)
+        return self._node_reaches(t.grad_fn)
+
+    def _node_reaches(self, root: Any) -> bool:
+        memo = self._reaches
+        if root in memo:
+            return memo[root]
+        stack, seen, found = [root], [], False
+        visited = {root}
+        while stack and not found:
+            node = stack.pop()
+            seen.append(node)
+            for nxt, _ in getattr(node, "next_functions", ()):
+                if nxt is None or nxt in visited:
+                    continue
+                known = memo.get(nxt)
+                if known is True:
+                    found = True
+                    break
+                if known is False:
+                    continue
+                var = getattr(nxt, "variable", None)
+                if var is not None:  # AccumulateGrad: a leaf
+                    if not isinstance(var, nn.Parameter):
+                        found = True
+                        break
+                    continue
+                visited.add(nxt)
+                stack.append(nxt)
+        if found:
+            memo[root] = True
+        else:  # a full search: nothing below any visited node reaches an input
+            for node in seen:
+                memo[node] = False
+        return found
+
+    def tag(self, t: Tensor) -> Tensor:
+        self.tags[id(t)] = t
+        return t
+
+    def tagged(self, t: object) -> bool:
+        return isinstance(t, Tensor) and self.tags.get(id(t)) is t
+
+    # -- attention modules --------------------------------------------------------------------------------------
+    def enter_attention(self, name: str) -> None:
+        self._open.append((name, self.attention_calls))
+
+    def leave_attention(self, name: str, module: nn.Module, ran_on_input: bool) -> None:
+        if not self._open:
+            return
+        opened, before = self._open.pop()
+        if ran_on_input and self.attention_calls == before:
+            raise RuntimeError(
+                f"LRP: the attention module {name!r} ({type(module).__name__}) ran without any operation the engine "
+                "sees (softmax, F.scaled_dot_product_attention, F.multi_head_attention_forward): a custom kernel or "
+                "a TorchScript function computes its attention, which would get a plain gradient instead of the "
+                "attention rules; use the module's eager (PyTorch) attention"
+            )
+
+    def _where(self, what: str) -> str:
+        return f"{self._open[-1][0]}: {what}" if self._open else what
+
+    # -- the table's entries ------------------------------------------------------------------------------------
+    def add_entries(
+        self, table: RuleTable, add: Callable[[Any, tuple, dict], Any], affine: Callable[[Call], Any]
+    ) -> None:
+        """The transformer composites' entries, added to the LRP table before its other function entries (the first
+        entry naming a callable wins): sums that broadcast (same-shaped sums: `add`), products of two activations
+        (scaling by a constant: relevance unchanged; ``x * c`` as `affine`), softmax, fused attention, ``F.linear``,
+        ``F.layer_norm`` / ``F.rms_norm``, in-place scaling, negation, embeddings and dtype queries (where relevance
+        starts; they route nothing), and copies of CP-LRP's gates (which stay gates)."""
+
+        def rule(name: str, handler: Callable[[Any, tuple, dict], Any], fallback: Callable[[Call], Any] | None = None):
+            def apply(call: Call) -> Any:
+                out = handler(call.op, call.args, call.kwargs)
+                if out is not NOT_HANDLED:
+                    return out
+                return NotImplemented if fallback is None else fallback(call)
+
+            return EngineRule(name, apply, owns_call=True)
+
+        def affine_mul(call: Call) -> Any:
+            return affine(call) if call.op in (Tensor.mul, torch.mul) else NotImplemented
+
+        (
+            table.functions(ADD_FUNCTIONS, rule("sum", self._broadcast_add, lambda c: add(c.op, c.args, c.kwargs)))
+            .functions(MATMUL_FUNCTIONS, rule("product", self._matmul))
+            .functions(MUL_FUNCTIONS, rule("product", self._mul, affine_mul))
+            .functions(SOFTMAX_FUNCTIONS, rule("softmax", self._softmax))
+            .functions({SDPA: "F.scaled_dot_product_attention"}, rule("attention", lambda f, a, k: sdpa(self, a, k)))
+            .functions({MHA: "F.multi_head_attention_forward"}, rule("attention", lambda f, a, k: mha(self, a, k)))
+            .functions({F.linear: "F.linear"}, rule("linear", self._linear))
+            .functions(NORM_FUNCTIONS, rule("identity-norm", self._norm))
+            .functions(SCALE_INPLACE, rule("scale", self._scale_inplace))
+            .functions(NEGATIONS, rule("negation", self._negation))
+        )
+        for name in sorted(_SOURCES):
+            table.functions(spellings(name, inplace=False), rule("source", _as_called))
+        for name in sorted(_KEEPS_TAG):
+            table.functions(spellings(name, inplace=False), rule("gate-copy", self._keep_tag))
+
+    def _linear(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not self.depends(x):
+            return NOT_HANDLED
+        w = args[1] if len(args) > 1 else kwargs["weight"]
+        b = args[2] if len(args) > 2 else kwargs.get("bias")
+        return self.linear(x, w, b, self._where("F.linear"))
+
+    def _negation(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        if not self.depends(x):
+            return NOT_HANDLED
+        return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+
+    def _keep_tag(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if args and self.tagged(args[0]):
+            return self.tag(func(*args, **kwargs))
+        return NOT_HANDLED
+
+    def _broadcast_add(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Sums of two tensors of different shapes (broadcasting) get the sum rule too; same-shaped sums are the
+        generic sum rule's (`propagate`)."""
+        if len(args) != 2 or kwargs or not hasattr(self.sum_rule, "stabilizer"):
+            return NOT_HANDLED
+        a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape == b.shape:
+            return NOT_HANDLED
+        if not (a.requires_grad and b.requires_grad):
+            return NOT_HANDLED
+        a0, b0 = a.detach(), b.detach()
+        z = a0 + b0
+        call = RuleCall(self.entry(self._where(ADD_FUNCTIONS[func]), self.sum_rule), self.sum_rule, (a0, b0), z, None)
+        return _BroadcastSumFn.apply(a, b, call)
+
+    # -- products -----------------------------------------------------------------------------------------------
+    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
+        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule; a factor
+        that does not depend on the input is a constant (the other then gets all the relevance: LRP-epsilon on a
+        linear map)."""
+        da, db = self.depends(a), self.depends(b)
+        rule = self.rules.product
+        if da and db:
+            wa = wb = 0.5
+            if rule.hold_gates and self.tagged(a) != self.tagged(b):
+                wa, wb = (0.0, 1.0) if self.tagged(a) else (1.0, 0.0)
+        else:
+            wa, wb = float(da), float(db)
+        a0, b0 = a.detach(), b.detach()
+        with torch.no_grad():
+            z = _product(kind, a0, b0, scale)
+        call = RuleCall(self.entry(what, rule), rule, (a0, b0), z, (kind, scale, wa, wb))
+        return _ProductFn.apply(a, b, call)
+
+    def _matmul(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 2 or kwargs:
+            return NOT_HANDLED
+        a, b = (args[1], args[0]) if func is Tensor.__rmatmul__ else args
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or not (self.depends(a) or self.depends(b)):
+            return NOT_HANDLED
+        return self.product(self._where(MATMUL_FUNCTIONS[func]), a, b, "matmul")
+
+    def _mul(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 2 or kwargs:
+            return NOT_HANDLED
+        a, b = args
+        da, db = self.depends(a), self.depends(b)
+        if not (da or db):
+            return NOT_HANDLED
+        if da and db:
+            return self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
+        x = a if da else b
+        out = func(*args, **kwargs)
+        if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged
+            return _PassFn.apply(x, (out.detach(),))
+        return (
+            self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
+            if isinstance(a, Tensor) and isinstance(b, Tensor)
+            else NOT_HANDLED
+        )
+
+    def _scale_inplace(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if len(args) != 2 or kwargs or not self.depends(args[0]) or self.depends(args[1]):
+            return NOT_HANDLED
+        x, c = args
+        with torch.no_grad():
+            val = x * c if func is Tensor.mul_ else x / c
+        if val.shape != x.shape or val.dtype != x.dtype:
+            return NOT_HANDLED
+        return x.copy_(_PassFn.apply(x, (val,)))
+
+    # -- softmax ------------------------------------------------------------------------------------------------
+    def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        rule = self.rules.softmax
+        s0 = s.detach()
+        with torch.no_grad():
+            p = fn(s0)
+        self.attention_calls += 1
+        call = RuleCall(self.entry(what, rule), rule, (s0,), p, dim)
+        return self.tag(_SoftmaxFn.apply(s, call))
+
+    def _softmax(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        s = args[0] if args else kwargs.get("input")
+        if not self.depends(s):
+            return NOT_HANDLED
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if dim is None:
+            return NOT_HANDLED
+        rest = dict(kwargs)
+        rest.pop("input", None)
+        rest.pop("dim", None)
+        extra = args[2:]
+        return self.softmax(self._where(SOFTMAX_FUNCTIONS[func]), s, dim, lambda t: func(t, dim, *extra, **rest))
+
+    # -- normalisation ------------------------------------------------------------------------------------------
+    def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap) -> Tensor:
+        rule = self.rules.norm
+        call = RuleCall(self.entry(what, rule), rule, (x.detach(),), y.detach(), nm)
+        return _NormIdentityFn.apply(x, call)
+
+    def _norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        x = a["input"]
+        if not self.depends(x):
+            return NOT_HANDLED
+        dims = len(a["normalized_shape"])
+        is_ln = func is F.layer_norm
+        eps = a["eps"] if a["eps"] is not None else float(torch.finfo(x.dtype).eps)
+        nm = NormMap(is_ln, dims, a["weight"], a.get("bias") if is_ln else None, eps)
+        with torch.no_grad():
+            y = func(*args, **kwargs)
+        return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm)
+
+
+def _as_called(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
