@@ -1,0 +1,142 @@
+"""The embedded vision transformer: `ShapesViT`, a small ViT for the shapes data set, and its shipped weights.
+
+``shapes_vit()`` loads them (``hookviz/zoo/shapes_vit.safetensors``: no pickle) after checking their sha256;
+``python -m hookviz.zoo.train --model vit --out FILE`` reproduces them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..images import Preset
+from .data import CLASSES
+from .model import _load_weights
+
+VIT_WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_vit.safetensors"
+VIT_WEIGHTS_SHA256 = "0" * 64  # set from the training run that made the shipped file
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused ``F.scaled_dot_product_attention`` call (as timm's ``fused_attn``).
+
+    (N, T, D) -> (N, T, D): ``qkv`` (one ``nn.Linear`` D -> 3D) split into `heads` heads of D / heads, the softmax
+    attention of Vaswani et al. 2017 ("Attention Is All You Need"), then the output projection ``proj``.
+    """
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)  # (N, heads, T, D / heads)
+        return self.proj(x.transpose(1, 2).reshape(n, t, d))
+
+
+class Mlp(nn.Module):
+    """``fc1`` (D -> hidden), ``nn.GELU``, ``fc2`` (hidden -> D), on each token."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: ``x = x + attn(norm1(x))``, then ``x = x + mlp(norm2(x))``."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class ShapesViT(nn.Module):
+    """A small vision transformer for the shapes data set (about 0.2M parameters): takes `Shapes.images` as they are.
+
+    (N, 3, 64, 64) in [0, 1] -> (N, len(CLASSES)) logits, the architecture of Dosovitskiy et al., "An Image is Worth
+    16x16 Words: Transformers for Image Recognition at Scale" (ICLR 2021), with timm's module names: the input is
+    normalised inside the model, ``patch_embed`` (an 8x8 conv of stride 8: an 8x8 grid of 64 patch tokens of width
+    `dim`), a learned class token ``cls_token`` put first (``num_prefix_tokens = 1``), learned position embeddings
+    ``pos_embed`` (1, 65, dim), `depth` pre-norm ``blocks`` (``nn.LayerNorm``; self-attention of `heads` heads with
+    ``F.scaled_dot_product_attention``, its qkv one ``nn.Linear``; an MLP with ``nn.GELU``; residuals written
+    ``x = x + ...``), a final ``norm`` and a linear ``head`` on the class token. Tokens are (N, 65, dim): the class
+    token, then the patches in row-major order. `hookviz.methods.choose_layer` picks ``blocks.{depth-1}.norm1``
+    for CAMs (the LayerNorm before the last attention; a map on the 8x8 patch grid).
+    """
+
+    # its own preprocessing (64x64, [0, 1], no normalization), which visualize(preprocess="auto") reads
+    hookviz_preset = Preset("shapes", 64, 64, None, None)
+    num_prefix_tokens = 1  # the class token, as timm's attribute: hookviz.layouts reads it
+
+    def __init__(
+        self,
+        num_classes: int = len(CLASSES),
+        *,
+        dim: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_ratio: float = 2.0,
+        patch: int = 8,
+        size: int = 64,
+    ) -> None:
+        super().__init__()
+        if size % patch:
+            raise ValueError(f"size must be a multiple of patch, got size={size}, patch={patch}")
+        self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
+        self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + (size // patch) ** 2, dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(dim, heads, mlp_ratio) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.apply(_init)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = (x - self.mean) / self.std
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (N, h * w, dim), row-major
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        x = self.norm(self.blocks(x))
+        return self.head(x[:, 0])
+
+
+def _init(module: nn.Module) -> None:
+    # timm's ViT initialisation: truncated normal (std 0.02) linear weights, zero biases
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        nn.init.zeros_(module.bias)
+
+
+def shapes_vit(weights: bool = True) -> ShapesViT:
+    """The embedded vision transformer: a `ShapesViT` in eval mode on the CPU, with the weights shipped in the package.
+
+    The weights (``hookviz/zoo/shapes_vit.safetensors``, float16, made by ``python -m hookviz.zoo.train --model
+    vit``) are read as safetensors (plain tensors, no unpickling) after their sha256 is checked against
+    `VIT_WEIGHTS_SHA256`. ``weights=False`` gives an untrained model (seeded initialisation is up to the caller:
+    ``torch.manual_seed``).
+    """
+    if not isinstance(weights, bool):
+        raise TypeError(f"weights must be True (the shipped weights) or False (untrained), got {weights!r}")
+    model = ShapesViT()
+    if weights:
+        model.load_state_dict(
+            _load_weights(VIT_WEIGHTS_FILE, VIT_WEIGHTS_SHA256, "shapes ViT", "python -m hookviz.zoo.train --model vit")
+        )
+    return model.eval()
