@@ -68,17 +68,21 @@ class Block(nn.Module):
 
 
 class ShapesViT(nn.Module):
-    """A small vision transformer for the shapes data set (about 0.2M parameters): takes `Shapes.images` as they are.
+    """A small vision transformer for the shapes data set (188k parameters): takes `Shapes.images` as they are.
 
     (N, 3, 64, 64) in [0, 1] -> (N, len(CLASSES)) logits, the architecture of Dosovitskiy et al., "An Image is Worth
     16x16 Words: Transformers for Image Recognition at Scale" (ICLR 2021), with timm's module names: the input is
-    normalised inside the model, ``patch_embed`` (an 8x8 conv of stride 8: an 8x8 grid of 64 patch tokens of width
-    `dim`), a learned class token ``cls_token`` put first (``num_prefix_tokens = 1``), learned position embeddings
-    ``pos_embed`` (1, 65, dim), `depth` pre-norm ``blocks`` (``nn.LayerNorm``; self-attention of `heads` heads with
-    ``F.scaled_dot_product_attention``, its qkv one ``nn.Linear``; an MLP with ``nn.GELU``; residuals written
-    ``x = x + ...``), a final ``norm`` and a linear ``head`` on the class token. Tokens are (N, 65, dim): the class
-    token, then the patches in row-major order. `hookviz.methods.choose_layer` picks ``blocks.{depth-1}.norm1``
-    for CAMs (the LayerNorm before the last attention; a map on the 8x8 patch grid).
+    normalised inside the model (mean 0.5, std 0.25), ``patch_embed`` (a conv of stride `patch` = 8: an 8x8 grid of
+    64 patch tokens of width `dim` = 64; its 16x16 kernel, padded by 4, sees each 8x8 patch cell with a 4-pixel
+    margin: overlapping patches, as PVTv2's, Wang et al. 2022), a learned class token ``cls_token`` put first
+    (``num_prefix_tokens = 1``), learned position embeddings ``pos_embed`` (1, 65, dim; started from the 2-D
+    sine-cosine embedding), `depth` = 4 pre-norm ``blocks`` (``norm1``, ``attn``, ``norm2``, ``mlp``:
+    ``nn.LayerNorm``; self-attention of `heads` = 4 heads with one fused ``F.scaled_dot_product_attention`` call,
+    its qkv one ``nn.Linear``, then ``proj``; an MLP ``fc1``, ``nn.GELU``, ``fc2`` of hidden width `mlp_ratio` *
+    dim = 128; residuals written ``x = x + ...``), a final ``norm`` and a linear ``head`` on the class token. Tokens
+    are (N, 65, dim): the class token, then the patches in row-major order. `hookviz.methods.choose_layer` picks
+    ``blocks.3.norm1`` for CAMs (the LayerNorm before the last attention: a map on the 8x8 patch grid; after the
+    last block only the class token reaches the head).
     """
 
     # its own preprocessing (64x64, [0, 1], no normalization), which visualize(preprocess="auto") reads
@@ -101,9 +105,12 @@ class ShapesViT(nn.Module):
             raise ValueError(f"size must be a multiple of patch, got size={size}, patch={patch}")
         self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
         self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
-        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        # overlapping patches: each token sees the 2 * patch pixels square centred on its patch cell (a purely linear
+        # embedding of 8x8 patches learnt several times slower on these images: the local features are the bottleneck)
+        self.patch_embed = nn.Conv2d(3, dim, 2 * patch, stride=patch, padding=patch // 2)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos_embed = nn.Parameter(torch.randn(1, 1 + (size // patch) ** 2, dim) * 0.02)
+        # learned, started from the 2-D sine-cosine embedding (as MAE, He et al. 2022): a grid to start from
+        self.pos_embed = nn.Parameter(_sincos_2d(dim, size // patch))
         self.blocks = nn.Sequential(*(Block(dim, heads, mlp_ratio) for _ in range(depth)))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
@@ -118,10 +125,26 @@ class ShapesViT(nn.Module):
 
 
 def _init(module: nn.Module) -> None:
-    # timm's ViT initialisation: truncated normal (std 0.02) linear weights, zero biases
+    # the original ViT's initialisation (Xavier-uniform linear weights, zero biases), not timm's normal of std 0.02:
+    # at width 64 the latter makes q and k so small that the attention stays uniform for hundreds of steps
     if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
+        nn.init.xavier_uniform_(module.weight)
         nn.init.zeros_(module.bias)
+
+
+def _sincos_2d(dim: int, side: int) -> Tensor:
+    """(1, 1 + side * side, dim): zeros for the class token, then per patch (row-major) sin and cos of its x, then of
+    its y, at `dim` / 4 frequencies 10000^(-i / (dim / 4)) (Vaswani et al. 2017, in two dimensions)."""
+    if dim % 4:
+        raise ValueError(f"dim must be a multiple of 4 for the 2-D sine-cosine position embedding, got {dim}")
+    y, x = torch.meshgrid(
+        torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64), indexing="ij"
+    )
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    x, y = x.reshape(-1, 1) * omega, y.reshape(-1, 1) * omega
+    grid = torch.cat([torch.sin(x), torch.cos(x), torch.sin(y), torch.cos(y)], dim=1)
+    return torch.cat([torch.zeros(1, dim, dtype=torch.float64), grid]).float().unsqueeze(0)
 
 
 def shapes_vit(weights: bool = True) -> ShapesViT:
