@@ -90,6 +90,10 @@ def test_vit_structure_and_forward_match_a_float64_reference(vit) -> None:
 def test_vit_bad_arguments() -> None:
     with pytest.raises(ValueError, match="dim must be a multiple of heads, got dim=30, heads=4"):
         zoo.ShapesViT(dim=30)
+    with pytest.raises(
+        ValueError, match=r"dim must be a multiple of 4 \(the 2-D sine-cosine position embedding\), got 30"
+    ):
+        zoo.ShapesViT(dim=30, heads=3)
     with pytest.raises(ValueError, match="size must be a multiple of patch, got size=60, patch=8"):
         zoo.ShapesViT(size=60)
     with pytest.raises(TypeError, match="weights must be True .* or False .*, got 1"):

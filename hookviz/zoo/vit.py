@@ -17,7 +17,7 @@ from .data import CLASSES
 from .model import _load_weights
 
 VIT_WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_vit.safetensors"
-VIT_WEIGHTS_SHA256 = "0" * 64  # set from the training run that made the shipped file
+VIT_WEIGHTS_SHA256 = "d5265175f42319d9829ab43acc4219f4f6a260503cf9cd912846d8649f65c2e6"
 
 
 class Attention(nn.Module):
@@ -103,6 +103,10 @@ class ShapesViT(nn.Module):
         super().__init__()
         if size % patch:
             raise ValueError(f"size must be a multiple of patch, got size={size}, patch={patch}")
+        if dim % heads:
+            raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
+        if dim % 4:
+            raise ValueError(f"dim must be a multiple of 4 (the 2-D sine-cosine position embedding), got {dim}")
         self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
         self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
         # overlapping patches: each token sees the 2 * patch pixels square centred on its patch cell (a purely linear
@@ -135,8 +139,6 @@ def _init(module: nn.Module) -> None:
 def _sincos_2d(dim: int, side: int) -> Tensor:
     """(1, 1 + side * side, dim): zeros for the class token, then per patch (row-major) sin and cos of its x, then of
     its y, at `dim` / 4 frequencies 10000^(-i / (dim / 4)) (Vaswani et al. 2017, in two dimensions)."""
-    if dim % 4:
-        raise ValueError(f"dim must be a multiple of 4 for the 2-D sine-cosine position embedding, got {dim}")
     y, x = torch.meshgrid(
         torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64), indexing="ij"
     )
