@@ -26,17 +26,32 @@ def vit() -> zoo.ShapesViT:
 
 
 def _reference_forward(model: zoo.ShapesViT, x: torch.Tensor) -> torch.Tensor:
-    """The ViT of Dosovitskiy et al. 2021 written out in float64 from `model`'s parameters: overlapping patches cut
-    by hand (no conv), attention as softmax(q k^T / sqrt(d)) v (no fused kernel), LayerNorm and GELU from their
-    formulas."""
+    """The ViT of Dosovitskiy et al. 2021 written out in float64 from `model`'s parameters: the conv stem's windows cut
+    by hand (no conv module), BatchNorm in eval mode, attention as softmax(q k^T / sqrt(d)) v (no fused kernel),
+    LayerNorm and GELU from their formulas."""
     p = {k: v.double() for k, v in model.state_dict().items()}
     x = (x.double() - 0.5) / 0.25
-    n, stride, kernel = x.shape[0], 8, 16
-    # each token sees the 16x16 square centred on its 8x8 cell: zero padding of 4, windows every 8 pixels
-    windows = F.pad(x, (4, 4, 4, 4)).unfold(2, kernel, stride).unfold(3, kernel, stride)  # (N, 3, 8, 8, 16, 16)
-    side = windows.shape[2]
-    patches = windows.permute(0, 2, 3, 1, 4, 5).reshape(n, side * side, -1)  # row-major tokens, (c, y, x) inside
-    t = patches @ p["patch_embed.weight"].reshape(p["patch_embed.weight"].shape[0], -1).T + p["patch_embed.bias"]
+    n = x.shape[0]
+
+    def gelu(h: torch.Tensor) -> torch.Tensor:
+        return 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))  # the exact GELU
+
+    def conv(h: torch.Tensor, name: str) -> torch.Tensor:
+        # 3x3 windows every 2 pixels of the zero-padded map, times the kernel: (N, C, H, W) -> (N, C', H / 2, W / 2)
+        windows = F.pad(h, (1, 1, 1, 1)).unfold(2, 3, 2).unfold(3, 3, 2)  # (N, C, H / 2, W / 2, 3, 3)
+        out = torch.einsum("nchwyx,ocyx->nohw", windows, p[f"{name}.weight"])
+        return out + p[f"{name}.bias"].view(1, -1, 1, 1) if f"{name}.bias" in p else out
+
+    def batch_norm(h: torch.Tensor, name: str) -> torch.Tensor:
+        mean, var = p[f"{name}.running_mean"].view(1, -1, 1, 1), p[f"{name}.running_var"].view(1, -1, 1, 1)
+        return (h - mean) / torch.sqrt(var + 1e-5) * p[f"{name}.weight"].view(1, -1, 1, 1) + p[f"{name}.bias"].view(
+            1, -1, 1, 1
+        )
+
+    h = gelu(batch_norm(conv(x, "patch_embed.0"), "patch_embed.1"))
+    h = gelu(batch_norm(conv(h, "patch_embed.3"), "patch_embed.4"))
+    h = conv(h, "patch_embed.6")  # (N, 64, 8, 8)
+    t = h.flatten(2).transpose(1, 2)  # row-major tokens
     t = torch.cat([p["cls_token"].expand(n, 1, -1), t], dim=1) + p["pos_embed"]
 
     def norm(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -52,9 +67,7 @@ def _reference_forward(model: zoo.ShapesViT, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (z.reshape(n, -1, heads, d // heads).transpose(1, 2) for z in (q, k, v))
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // heads), dim=-1)
         t = t + linear((a @ v).transpose(1, 2).reshape(n, -1, d), f"blocks.{b}.attn.proj")
-        h = linear(norm(t, f"blocks.{b}.norm2"), f"blocks.{b}.mlp.fc1")
-        h = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))  # exact GELU
-        t = t + linear(h, f"blocks.{b}.mlp.fc2")
+        t = t + linear(gelu(linear(norm(t, f"blocks.{b}.norm2"), f"blocks.{b}.mlp.fc1")), f"blocks.{b}.mlp.fc2")
     return linear(norm(t, "norm")[:, 0], "head")
 
 
@@ -66,12 +79,13 @@ def test_vit_structure_and_forward_match_a_float64_reference(vit) -> None:
     # other kernels (ATEN_CPU_CAPABILITY=default, more threads) and for the fused attention's own rounding
     assert torch.allclose(out.double(), _reference_forward(vit, x), atol=1e-4, rtol=1e-4)
     n_params = sum(p.numel() for p in vit.parameters())
-    assert n_params == 187_976  # the docstring's 188k: a few hundred kilobytes in float16
-    assert vit.patch_embed.kernel_size == (16, 16) and vit.patch_embed.stride == (8, 8)
+    assert n_params == 177_632  # the docstring's 178k: a few hundred kilobytes in float16
+    convs = [m for m in vit.patch_embed if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.kernel_size, c.stride) for c in convs] == [((3, 3), (2, 2))] * 3  # stride 8: the 8x8 grid
     assert vit.pos_embed.shape == (1, 65, 64) and vit.cls_token.shape == (1, 1, 64) and vit.num_prefix_tokens == 1
     assert all(isinstance(m, torch.nn.LayerNorm) for b in vit.blocks for m in (b.norm1, b.norm2))
     assert all(isinstance(b.mlp.act, torch.nn.GELU) for b in vit.blocks)
-    assert vit.hookviz_preset.height == vit.hookviz_preset.width == 64 and vit.hookviz_preset.mean is None
+    assert vit.hookviz_preset == zoo.ShapesCNN.hookviz_preset  # 64x64 in [0, 1]: the model normalises them itself
     assert not vit.training and not any(m.training for m in vit.modules())
     # attention is one fused call per block (as timm's default), which the methods must see through
     calls = []
@@ -96,17 +110,21 @@ def test_vit_bad_arguments() -> None:
         zoo.ShapesViT(dim=30, heads=3)
     with pytest.raises(ValueError, match="size must be a multiple of patch, got size=60, patch=8"):
         zoo.ShapesViT(size=60)
+    with pytest.raises(
+        ValueError, match=r"patch must be a power of 2 of at least 2 \(a stem of stride-2 convs\), got 6"
+    ):
+        zoo.ShapesViT(patch=6, size=48)
     with pytest.raises(TypeError, match="weights must be True .* or False .*, got 1"):
         zoo.shapes_vit(weights=1)
 
 
 def test_shipped_vit_weights_file_and_accuracy(vit) -> None:
     data = zoo.VIT_WEIGHTS_FILE.read_bytes()
-    assert len(data) <= 1_000_000 and hashlib.sha256(data).hexdigest() == zoo.VIT_WEIGHTS_SHA256
+    assert len(data) <= 400_000 and hashlib.sha256(data).hexdigest() == zoo.VIT_WEIGHTS_SHA256
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])  # safetensors: u64 length, JSON header
     assert header["head.weight"]["dtype"] == "F16" and header["head.weight"]["shape"] == [len(zoo.CLASSES), 64]
-    # a property of the shipped weights: on 200 fresh images (seed 7; training draws from seeds >= 1_000_000 only)
-    # they score ACCURACY_200 (see docs/datasets.md for the 2,000-image split); 0.9 leaves room for other kernels
+    # a property of the shipped weights: on these 200 fresh images (seed 7; training draws from seeds >= 1_000_000
+    # only) they score 0.925 (0.9085 on the 2,000 of docs/datasets.md); 0.9 leaves 5 images for other kernels' rounding
     fresh = zoo.shapes(200, seed=7)
     assert zoo.accuracy(vit, fresh) >= 0.9
     torch.manual_seed(0)
@@ -155,9 +173,9 @@ def test_training_a_tiny_vit_is_reproducible(tmp_path, capsys) -> None:
     assert zoo.main(["--out", str(again), *args]) == 0
     assert again.read_bytes() == out.read_bytes()  # seeded: the same bytes, whatever the file's name
     state = safetensors.torch.load_file(out)
-    assert {v.dtype for v in state.values()} == {torch.float16}
+    assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float16}
     model = zoo.ShapesViT()
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     torch.manual_seed(0)
     assert not torch.equal(model.blocks[0].attn.qkv.weight, zoo.ShapesViT().blocks[0].attn.qkv.weight.half().float())
     # another seed trains other weights

@@ -17,7 +17,7 @@ from .data import CLASSES
 from .model import _load_weights
 
 VIT_WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_vit.safetensors"
-VIT_WEIGHTS_SHA256 = "d5265175f42319d9829ab43acc4219f4f6a260503cf9cd912846d8649f65c2e6"
+VIT_WEIGHTS_SHA256 = "09e5c9f4f06190e3f50f42a0fd8275ebb8390d8af57dc948a0c9a0020d4a0c86"
 
 
 class Attention(nn.Module):
@@ -68,13 +68,15 @@ class Block(nn.Module):
 
 
 class ShapesViT(nn.Module):
-    """A small vision transformer for the shapes data set (188k parameters): takes `Shapes.images` as they are.
+    """A small vision transformer for the shapes data set (178k parameters): takes `Shapes.images` as they are.
 
     (N, 3, 64, 64) in [0, 1] -> (N, len(CLASSES)) logits, the architecture of Dosovitskiy et al., "An Image is Worth
     16x16 Words: Transformers for Image Recognition at Scale" (ICLR 2021), with timm's module names: the input is
-    normalised inside the model (mean 0.5, std 0.25), ``patch_embed`` (a conv of stride `patch` = 8: an 8x8 grid of
-    64 patch tokens of width `dim` = 64; its 16x16 kernel, padded by 4, sees each 8x8 patch cell with a 4-pixel
-    margin: overlapping patches, as PVTv2's, Wang et al. 2022), a learned class token ``cls_token`` put first
+    normalised inside the model (mean 0.5, std 0.25), ``patch_embed`` of stride `patch` = 8, an 8x8 grid of 64
+    patch tokens of width `dim` = 64 (a convolutional stem, Xiao et al. 2021: 3x3 convs of stride 2, conv-BN-GELU
+    64 -> 32 -> 16 with 24 and 48 channels, then a conv to `dim` at 8x8; a token sees the 15x15 pixels around its
+    8x8 cell; a linear embedding of 8x8 patches learnt several times slower on these images, see
+    docs/datasets.md), a learned class token ``cls_token`` put first
     (``num_prefix_tokens = 1``), learned position embeddings ``pos_embed`` (1, 65, dim; started from the 2-D
     sine-cosine embedding), `depth` = 4 pre-norm ``blocks`` (``norm1``, ``attn``, ``norm2``, ``mlp``:
     ``nn.LayerNorm``; self-attention of `heads` = 4 heads with one fused ``F.scaled_dot_product_attention`` call,
@@ -101,6 +103,8 @@ class ShapesViT(nn.Module):
         size: int = 64,
     ) -> None:
         super().__init__()
+        if patch < 2 or patch & (patch - 1):
+            raise ValueError(f"patch must be a power of 2 of at least 2 (a stem of stride-2 convs), got {patch}")
         if size % patch:
             raise ValueError(f"size must be a multiple of patch, got size={size}, patch={patch}")
         if dim % heads:
@@ -109,9 +113,7 @@ class ShapesViT(nn.Module):
             raise ValueError(f"dim must be a multiple of 4 (the 2-D sine-cosine position embedding), got {dim}")
         self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
         self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
-        # overlapping patches: each token sees the 2 * patch pixels square centred on its patch cell (a purely linear
-        # embedding of 8x8 patches learnt several times slower on these images: the local features are the bottleneck)
-        self.patch_embed = nn.Conv2d(3, dim, 2 * patch, stride=patch, padding=patch // 2)
+        self.patch_embed = _conv_stem(dim, patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         # learned, started from the 2-D sine-cosine embedding (as MAE, He et al. 2022): a grid to start from
         self.pos_embed = nn.Parameter(_sincos_2d(dim, size // patch))
@@ -126,6 +128,19 @@ class ShapesViT(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
         x = self.norm(self.blocks(x))
         return self.head(x[:, 0])
+
+
+def _conv_stem(dim: int, patch: int) -> nn.Sequential:
+    """log2(patch) 3x3 convs of stride 2 (conv-BN-GELU, the last a plain conv to `dim`): the convolutional stem of
+    Xiao et al. 2021 ("Early Convolutions Help Transformers See Better") in place of the linear patch embedding."""
+    layers: list[nn.Module] = []
+    width, steps = 3, patch.bit_length() - 1
+    for i in range(steps - 1):
+        out = dim * 3 // 8 * 2**i  # 24, 48 for dim 64: widths doubling towards the tokens
+        layers += [nn.Conv2d(width, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out), nn.GELU()]
+        width = out
+    layers.append(nn.Conv2d(width, dim, 3, stride=2, padding=1))
+    return nn.Sequential(*layers)
 
 
 def _init(module: nn.Module) -> None:
