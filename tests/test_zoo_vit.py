@@ -101,6 +101,17 @@ def test_vit_structure_and_forward_match_a_float64_reference(vit) -> None:
     assert calls == [(2, 4, 65, 16)] * len(vit.blocks)
 
 
+def test_vit_takes_other_input_sizes(vit) -> None:
+    # the position embeddings resampled to the grid (feature visualisation scales its images at random); at the
+    # trained size the model is the same function, and a resampling to the same grid is the identity
+    data = zoo.shapes(4, seed=4, size=96)
+    assert vit(data.images).shape == (4, len(zoo.CLASSES))
+    assert hv.GradCAM(vit).attribute(data.images, target=data.labels).shape == (4, 1, 12, 12)
+    grid = vit.pos_embed[:, 1:].reshape(1, 8, 8, -1).permute(0, 3, 1, 2)
+    same = F.interpolate(grid, size=(8, 8), mode="bicubic", align_corners=False)
+    assert torch.allclose(same, grid, atol=1e-6)
+
+
 def test_vit_bad_arguments() -> None:
     with pytest.raises(ValueError, match="dim must be a multiple of heads, got dim=30, heads=4"):
         zoo.ShapesViT(dim=30)
@@ -237,6 +248,12 @@ def test_other_commands_take_the_vit(tmp_path, capsys) -> None:
     ev = ["evaluate", "--model", "vit", "--methods", "gradcam", "--data", "shapes:4", "--steps", "2", "--sanity-n", "0"]
     assert main([*ev, "--out", str(table)]) == 0
     assert "shapes ViT" in table.read_text()
+    png = tmp_path / "features.png"
+    assert (
+        main(["features", "--model", "vit", "--layer", "head", "--units", "0,2", "--steps", "2", "--out", str(png)])
+        == 0
+    )
+    assert png.stat().st_size > 1000 and "2 units of head, 2 steps" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", "--model", "vit", "--weights", "w.pt", "--data", "shapes:4"])
     assert exc.value.code == 2 and "--model vit carries its own weights" in capsys.readouterr().err

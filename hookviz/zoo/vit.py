@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -123,9 +124,17 @@ class ShapesViT(nn.Module):
         self.apply(_init)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = (x - self.mean) / self.std
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (N, h * w, dim), row-major
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        x = self.patch_embed((x - self.mean) / self.std)  # (N, dim, h, w)
+        pos = self.pos_embed
+        if pos.shape[1] != 1 + x.shape[2] * x.shape[3]:
+            # another input size (feature visualisation's random scalings): the patch position embeddings resampled
+            # to the grid, bicubically, as timm's dynamic_img_size; at the trained size they are used as they are
+            side = math.isqrt(pos.shape[1] - 1)
+            grid = pos[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+            grid = F.interpolate(grid, size=x.shape[2:], mode="bicubic", align_corners=False)
+            pos = torch.cat([pos[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)
+        x = x.flatten(2).transpose(1, 2)  # (N, h * w, dim), row-major
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos
         x = self.norm(self.blocks(x))
         return self.head(x[:, 0])
 
