@@ -11,7 +11,6 @@ import torch
 
 from .common import UsageError, _check_images
 
-DEMO_METHODS = ("guided-backprop", "gradcam", "guided-gradcam")  # the CNN's columns
 # Per embedded model (`hookviz.cli.models.ZOO_MODELS`): the methods shown, by registry name, with column titles
 # (None: Grad-CAM, titled with its layer). Guided Backprop and Guided Grad-CAM need ReLUs, which the ViT does not
 # have (GELU): it shows gradient methods and Grad-CAM on its patch grid.
