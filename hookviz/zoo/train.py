@@ -54,7 +54,7 @@ RECIPES: dict[str, Recipe] = {
     "cnn": Recipe(ShapesCNN, epochs=8, per_epoch=6144, lr=4e-3, weight_decay=5e-4, pct_start=0.25, channels_last=True),
     "vit": Recipe(
         ShapesViT,
-        epochs=64,
+        epochs=128,
         per_epoch=3072,
         lr=1e-3,
         weight_decay=0.05,
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="where to write the float16 state dict (.safetensors)")
     p.add_argument("--model", choices=tuple(RECIPES), default="cnn", help="the model to train (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=None, help="default: the model's recipe (cnn 8, vit 64)")
+    p.add_argument("--epochs", type=int, default=None, help="default: the model's recipe (cnn 8, vit 128)")
     p.add_argument("--per-epoch", type=int, default=None, help="new images drawn for each epoch (cnn 6144, vit 3072)")
     p.add_argument("--fresh", type=int, default=2000, help="images of the fresh split the accuracy is measured on")
     args = p.parse_args(argv)

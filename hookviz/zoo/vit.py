@@ -18,7 +18,7 @@ from .data import CLASSES
 from .model import _load_weights
 
 VIT_WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_vit.safetensors"
-VIT_WEIGHTS_SHA256 = "09e5c9f4f06190e3f50f42a0fd8275ebb8390d8af57dc948a0c9a0020d4a0c86"
+VIT_WEIGHTS_SHA256 = "b1e8b54460323816e909c5d8fbd47dc52ac0d996de423cbeafc1bec36d280e1c"
 
 
 class Attention(nn.Module):
