@@ -1,5 +1,6 @@
-"""Generated invariant suite: every registered method x seven torchvision architectures x four ways a call ends x
-``eval_mode`` True / False. After each call, whatever happened, the model and the process are exactly as before.
+"""Generated invariant suite: every registered method x seven torchvision architectures and the zoo's ViT x four
+ways a call ends x ``eval_mode`` True / False. After each call, whatever happened, the model and the process are
+exactly as before.
 
 Dimensions: ``hookviz.METHODS`` (a method registered later joins automatically; one with a constructor other than
 ``cls(model, eval_mode=...)`` gets a line in `OPTIONS`) x `ARCHS` x `SCENARIOS` x eval_mode. The models are built
@@ -31,6 +32,7 @@ from hookviz.hooks import _INPLACE_HOLDS
 from hookviz.methods.cam import GuidedGradCAM
 from hookviz.methods.guided import ReLURuleAttribution
 from hookviz.methods.scope import current_call
+from hookviz.zoo import ShapesViT
 
 
 def _vgg11() -> nn.Module:
@@ -55,8 +57,11 @@ ARCHS = {
     "vit": lambda: models.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
     ),
+    # the zoo's ViT, narrowed: attention as one fused F.scaled_dot_product_attention call (timm's way), parameters
+    # directly on the model (class token, position embeddings)
+    "shapes_vit": lambda: ShapesViT(10, dim=32, depth=2, heads=2, size=32),
 }
-NO_RELU = {"efficientnet_b0", "vit"}  # SiLU / GELU only: the ReLU-rule methods must refuse them
+NO_RELU = {"efficientnet_b0", "vit", "shapes_vit"}  # SiLU / GELU only: the ReLU-rule methods must refuse them
 # a module in the middle of each network, where the scenarios' user hook raises
 MIDDLE = {
     "resnet18": "layer3",
@@ -66,6 +71,7 @@ MIDDLE = {
     "efficientnet_b0": "features.4",
     "googlenet": "inception4a",
     "vit": "encoder.layers.encoder_layer_1",
+    "shapes_vit": "blocks.0",
 }
 # Score-CAM runs one masked forward pass per channel: an early layer with few channels keeps it cheap
 SMALL_LAYER = {
@@ -76,6 +82,7 @@ SMALL_LAYER = {
     "efficientnet_b0": "features.0",
     "googlenet": "conv1",
     "vit": "encoder.layers.encoder_layer_1.ln_1",
+    "shapes_vit": "blocks.1.norm1",
 }
 # cheap options for the methods that repeat passes; every other registered method is built as cls(model, eval_mode=)
 OPTIONS = {
@@ -99,12 +106,12 @@ OPTIONS = {
 SUITE_METHODS = sorted(m for m in hv.METHODS if not m.startswith("lrp-"))
 # layers with parameters that no CNN composite maps (LayerNorm, attention, the class token): refused up front by
 # "lrp" (epsilon-plus-flat); the transformer composites explain them (TRANSFORMER_METHODS, on the transformer archs)
-LRP_REFUSES = {"vit"}
-# the attention rollouts read self-attention: every architecture but the ViT is refused up front ("no attention found")
+LRP_REFUSES = {"vit", "shapes_vit"}
+# the attention rollouts read self-attention: every architecture but the ViTs is refused up front ("no attention found")
 ATTENTION_METHODS = {"attention-rollout", "gradient-rollout"}
-HAS_ATTENTION = {"vit"}
+HAS_ATTENTION = {"vit", "shapes_vit"}
 TRANSFORMER_METHODS = ("lrp-attn-lrp", "lrp-cp-lrp")
-TRANSFORMER_ARCHS = ("vit",)
+TRANSFORMER_ARCHS = ("vit", "shapes_vit")
 SCENARIOS = ("normal", "target-out-of-range", "error-mid-forward", "interrupt-mid-forward")
 
 

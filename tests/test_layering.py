@@ -37,6 +37,7 @@ LAYERS: list[str] = [
     # the shapes data set, its model and weights (they use only the foundation and images)
     "hookviz.zoo.data",
     "hookviz.zoo.model",
+    "hookviz.zoo.vit",
     "hookviz.zoo.train",
     "hookviz.zoo",
     # attribution methods (never import presentation: `visualize` reaches it through hookviz._present)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .common import UsageError, _parse_device, _parse_methods
-from .models import _load_model
+from .models import ZOO_MODELS, _load_model, zoo_model
 
 EXPLAIN_DATASET_DESCRIPTION = """\
 Explain every image of a data set with one method and store the maps as resumable shards (safetensors) plus a
@@ -20,10 +20,12 @@ data:
   DIR                         a folder of images, one class per sub-folder (torchvision ImageFolder); labels are the
                               sub-folder indices in sorted order; images are resized and center-cropped to --size
   shapes:N                    N images of the embedded shapes data set (hookviz.zoo.ShapesDataset(N, seed=--seed));
-                              --model defaults to the embedded shapes model (hookviz.zoo.shapes_model())
+                              --model defaults to the embedded shapes model (hookviz.zoo.shapes_model()); --model
+                              vit is the embedded shapes ViT (hookviz.zoo.shapes_vit())
 
---model takes the same forms as in 'hookviz explain'. A killed run continues where it stopped when run again with
-the same options; under torchrun every rank computes its own shards.
+--model takes the same forms as in 'hookviz explain', and shapes or vit (the embedded models) with shapes:N. A
+killed run continues where it stopped when run again with the same options; under torchrun every rank computes its
+own shards.
 
 example:
   hookviz explain-dataset --data shapes:1000 --method gradcam --target label --out runs/gradcam
@@ -89,6 +91,8 @@ def _explain_dataset(args: argparse.Namespace) -> int:
         data = _shapes_zoo("ShapesDataset")(n, seed=args.seed)
         if args.model is None:
             model, note = _shapes_zoo("shapes_model")(), "the embedded shapes model"
+        elif args.model in ZOO_MODELS:
+            model, note = zoo_model(args.model)  # type: ignore[misc]
         else:
             model, _, _, note = _load_model(args)
     else:
@@ -98,6 +102,10 @@ def _explain_dataset(args: argparse.Namespace) -> int:
             raise UsageError(f"--data: {args.data!r} is not a directory (or shapes:N)")
         if args.model is None:
             raise UsageError("--model is required with a folder of images (it defaults only for --data shapes:N)")
+        if args.model in ZOO_MODELS:
+            raise UsageError(
+                f"--model {args.model} (an embedded model of 64x64 shapes images) takes --data shapes:N, not a folder"
+            )
         model, preprocess, _, note = _load_model(args)
         try:
             data = ImageFolder(args.data, transform=_FolderTransform(preprocess))
@@ -140,7 +148,12 @@ def add_parser(sub: Any) -> None:
     ds.add_argument("--data", required=True, metavar="DIR | shapes:N", help="the images (see 'data' above)")
     ds.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and manifest.json")
     ds.add_argument("--method", required=True, metavar="M", help="one attribution method, e.g. gradcam")
-    ds.add_argument("--model", default=None, metavar="torchvision:NAME[:WEIGHTS] | PATH.pt", help="as in explain")
+    ds.add_argument(
+        "--model",
+        default=None,
+        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        help="as in explain; shapes, vit: the embedded models",
+    )
     ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")
     ds.add_argument("--trust-pickle", action="store_true", help="as in explain: full unpickling of --model PATH.pt")
     ds.add_argument("--target", default=None, metavar="T", help="a class index, 'label' or 'top' (default: top)")

@@ -1,4 +1,5 @@
-"""``hookviz demo``: fresh shapes images explained with the embedded trained model, and each method's pointing game."""
+"""``hookviz demo``: fresh shapes images explained with an embedded trained model (``--model shapes``: the CNN, the
+default; ``--model vit``: the ViT), and each method's pointing game."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import torch
 
 from .common import UsageError, _check_images
 
-DEMO_METHODS = ("guided-backprop", "gradcam", "guided-gradcam")
+# Per embedded model (`hookviz.cli.models.ZOO_MODELS`): the methods shown, by registry name, with column titles
+# (None: Grad-CAM, titled with its layer). Guided Backprop and Guided Grad-CAM need ReLUs, which the ViT does not
+# have (GELU): it shows gradient methods and Grad-CAM on its patch grid.
+DEMO_COLUMNS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "shapes": (("guided-backprop", "Guided Backprop"), ("gradcam", None), ("guided-gradcam", "Guided Grad-CAM")),
+    "vit": (("saliency", "Saliency"), ("integrated-gradients", "Integrated Gradients"), ("gradcam", None)),
+}
 
 
 def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
@@ -27,13 +34,13 @@ def _demo_rows(labels: torch.Tensor, rows: int) -> list[int]:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .. import GradCAM, GuidedBackprop, GuidedGradCAM
     from .._formats import SAVE_FORMATS
     from ..figures import grid, save_figure
     from ..images import Preset
     from ..methods import get_method
     from ..metrics import pointing_game
-    from ..zoo import shapes, shapes_model
+    from ..zoo import shapes
+    from .models import zoo_model
 
     if Path(args.out).suffix.lower() not in SAVE_FORMATS:  # checked before the work, not after it
         raise UsageError(f"--out: the suffix chooses the format, one of {', '.join(SAVE_FORMATS)}; got {args.out!r}")
@@ -43,7 +50,8 @@ def _demo(args: argparse.Namespace) -> int:
         raise UsageError(f"--pointing-images: expected at least 1 image, got {args.pointing_images}")
     if args.image is not None:
         _check_images([args.image])
-    model = shapes_model()
+    model, described = zoo_model(args.model)  # type: ignore[misc]  # argparse's choices are ZOO_MODELS' names
+    columns = DEMO_COLUMNS[args.model]
     data = shapes(max(args.pointing_images, 64), seed=args.seed)  # fresh images: training never draws this seed
     classes = list(data.classes)
 
@@ -59,10 +67,10 @@ def _demo(args: argparse.Namespace) -> int:
         images = list(x.permute(0, 2, 3, 1).numpy())  # HxWxC arrays in [0, 1]: shown as they are, not rescaled
         preprocess = None
         truth = data.labels[rows].tolist()
-    gradcam = GradCAM(model)
-    exps = [
-        m.visualize(images, preprocess=preprocess, labels=classes)
-        for m in (GuidedBackprop(model), gradcam, GuidedGradCAM(model))
+    methods = [get_method(name)(model) for name, _ in columns]
+    exps = [m.visualize(images, preprocess=preprocess, labels=classes) for m in methods]
+    titles = [
+        title if title is not None else f"Grad-CAM ({m.layer})" for (_, title), m in zip(columns, methods, strict=True)
     ]
     with torch.no_grad():
         probs = model(exps[0].inputs).softmax(dim=1)
@@ -75,24 +83,25 @@ def _demo(args: argparse.Namespace) -> int:
     fig = grid(
         exps,
         overlay="auto",
-        col_labels=["input", "Guided Backprop", f"Grad-CAM ({gradcam.layer})", "Guided Grad-CAM"],
+        col_labels=["input", *titles],
         row_labels=row_labels,
-        title=f"trained shapes CNN on {source}; rows: predicted class, probability",
+        title=f"trained {described.removeprefix('the embedded ')} on {source}; rows: predicted class, probability",
         size=(7.2, 1.75 * len(row_labels) + 0.45),  # screen-sized cells and fonts: the demo is looked at, not printed
         rc={"axes.titlesize": 10, "axes.labelsize": 10, "figure.titlesize": 10},
         dpi=args.dpi,
     )
     out = save_figure(fig, args.out)
+    shown = [t.split(" (")[0] for t in titles]
     print(
         f"hookviz demo: explained {'your image (resized to 64x64)' if args.image else 'four fresh shapes images'} "
-        "with Guided Backprop, Grad-CAM and Guided Grad-CAM on the embedded shapes CNN (trained on synthetic "
-        "shapes, 8 classes; nothing is downloaded)"
+        f"with {', '.join(shown[:-1])} and {shown[-1]} on {described} (trained on synthetic shapes, 8 classes; "
+        "nothing is downloaded)"
     )
     print(f"wrote {out.resolve()}")
     # how often each method's maximum lies on the object, for the images' true classes (Zhang et al. 2018)
     n = args.pointing_images
     x, y, masks = data.images[:n], data.labels[:n], data.masks[:n]
-    for name in DEMO_METHODS:
+    for name, _ in columns:
         hits = pointing_game(get_method(name)(model).attribute(x, y), masks)
         print(f"pointing game ({n} images): {name} {hits.nanmean().item():.2f}")
     return 0
@@ -102,11 +111,19 @@ def add_parser(sub: Any) -> None:
     """Add this command to the ``hookviz`` subcommands `sub` (its options, help, and the function that runs it)."""
     demo = sub.add_parser(
         "demo",
-        help="explain fresh shapes images with the embedded trained model, write a PNG figure and print how often "
+        help="explain fresh shapes images with an embedded trained model, write a PNG figure and print how often "
         "each method points at the object",
         description="Explain four fresh images of hookviz's synthetic shapes data set with Guided Backprop, Grad-CAM "
         "and Guided Grad-CAM on the embedded shapes CNN (trained on that data set, 8 classes; nothing is downloaded), "
-        "write the figure and print each method's pointing game (how often the map's maximum lies on the object).",
+        "or with Saliency, Integrated Gradients and Grad-CAM on the embedded shapes ViT (--model vit), write the "
+        "figure and print each method's pointing game (how often the map's maximum lies on the object).",
+    )
+    demo.add_argument(
+        "--model",
+        choices=tuple(DEMO_COLUMNS),
+        default="shapes",
+        help="the embedded model: shapes, the CNN (Guided Backprop, Grad-CAM, Guided Grad-CAM), or vit, the vision "
+        "transformer (Saliency, Integrated Gradients, Grad-CAM on its 8x8 patch grid) (default: %(default)s)",
     )
     demo.add_argument("--out", default="hookviz-demo.png", help="where to write the figure (default: %(default)s)")
     demo.add_argument(

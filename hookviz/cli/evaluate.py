@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .common import UsageError, _parse_device, _parse_methods
-from .models import IMAGENET_MEAN, IMAGENET_STD, _load_model
+from .models import IMAGENET_MEAN, IMAGENET_STD, ZOO_MODELS, _load_model, zoo_model
 from .report import add_evaluate_option, sanity_figure_for_report, write_evaluate_report
 
 EVALUATE_METHODS = (
@@ -30,6 +30,7 @@ low is good: maps that survive randomisation do not explain the model). See hook
 
 models:
   shapes                      the embedded shapes CNN (default), trained on the shapes data set
+  vit                         the embedded shapes ViT (hookviz.zoo.shapes_vit()), trained on the same data
   torchvision:NAME[:WEIGHTS], torchvision:NAME --weights FILE.pt, PATH.pt
                               as for `hookviz explain` (see `hookviz explain --help`): images in [0, 1] are then
                               normalised with the weights' or the ImageNet mean and std (--normalize none: as they
@@ -132,16 +133,15 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _model(args: argparse.Namespace, size: int) -> tuple[nn.Module, str]:
     """The model --model names (normalising [0, 1] images as --normalize says), and how the caption names it."""
-    from ..zoo import shapes_model
-
-    if args.model == "shapes":
+    if args.model in ZOO_MODELS:
         if args.weights is not None:
-            raise UsageError("--weights applies to --model torchvision:NAME; the shapes model carries its own weights")
-        model: nn.Module = shapes_model()
+            raise UsageError(
+                f"--weights applies to --model torchvision:NAME; --model {args.model} carries its own weights"
+            )
+        model, described = zoo_model(args.model)  # type: ignore[misc]
         mean = std = None
         if args.normalize == "imagenet":
             mean, std = IMAGENET_MEAN, IMAGENET_STD
-        described = "the embedded shapes CNN"
     else:
         args.size = size
         model, preprocess, _, note = _load_model(args)
@@ -271,9 +271,9 @@ def add_parser(sub: Any) -> None:
     ev.add_argument(
         "--model",
         default="shapes",
-        metavar="shapes | torchvision:NAME[:WEIGHTS] | PATH.pt",
-        help="the model (default: %(default)s, the embedded trained CNN); PATH.pt is unpickled: only load files you "
-        "trust",
+        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        help="the model (default: %(default)s, the embedded trained CNN; vit: the embedded ViT); PATH.pt is "
+        "unpickled: only load files you trust",
     )
     ev.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as for hookviz explain")
     ev.add_argument(
@@ -306,7 +306,7 @@ def add_parser(sub: Any) -> None:
         "--normalize",
         choices=("imagenet", "none"),
         default=None,
-        help="normalise the [0, 1] images before the model (default: none for shapes, else as hookviz explain)",
+        help="normalise the [0, 1] images before the model (default: none for shapes and vit, else as hookviz explain)",
     )
     ev.add_argument(
         "--batch-size",

@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from .common import UsageError, _parse_device
+from .models import ZOO_MODELS, zoo_model
 
 FEATURES_DESCRIPTION = (
     "Render images that maximise units (channels) of one layer (feature visualisation, Olah et al. 2017, with "
     "lucent's defaults: Fourier parameterisation, decorrelated colour, Adam lr 0.05, its random transforms) and write "
-    "them as a grid figure. --model shapes is the embedded shapes CNN (64x64 images in [0, 1]); torchvision models "
-    "get ImageNet normalisation."
+    "them as a grid figure. --model shapes is the embedded shapes CNN, --model vit the embedded shapes ViT (64x64 "
+    "images in [0, 1]); torchvision models get ImageNet normalisation."
 )
 
 
@@ -22,13 +23,13 @@ def add_parser(sub: Any) -> None:
         help="render feature visualisations of units of a layer and write a grid figure",
         description=FEATURES_DESCRIPTION,
     )
-    p.add_argument("--model", required=True, metavar="shapes | torchvision:NAME[:WEIGHTS] | PATH.pt")
+    p.add_argument("--model", required=True, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt")
     p.add_argument("--layer", required=True, help="module name, e.g. head or features.4 (see model.named_modules())")
     p.add_argument("--units", required=True, metavar="U[,U...]", help="channel indices, comma-separated (0,1,2)")
     p.add_argument("--out", default="features.png", help="the figure (.png, .pdf, .svg; default: %(default)s)")
-    p.add_argument("--size", type=int, default=None, help="image size (default: 64 for shapes, else 128)")
+    p.add_argument("--size", type=int, default=None, help="image size (default: 64 for shapes and vit, else 128)")
     p.add_argument("--steps", type=int, default=512, help="optimisation steps (default: %(default)s, lucent's)")
-    p.add_argument("--sd", type=float, default=None, help="initial noise (default: 0.1 for shapes, else 0.01)")
+    p.add_argument("--sd", type=float, default=None, help="initial noise (default: 0.1 for shapes and vit, else 0.01)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
     p.add_argument("--weights", default=None, help="torchvision weights name (for --model torchvision:NAME)")
     p.add_argument("--trust-pickle", action="store_true", help="unpickle --model PATH.pt fully (trusted files only)")
@@ -54,10 +55,10 @@ def _features(args: argparse.Namespace) -> int:
     units = _parse_units(args.units)
     device = _parse_device(args.device)
     preprocess = None
-    if args.model == "shapes":
-        from ..zoo import CLASSES, shapes_model
+    if args.model in ZOO_MODELS:
+        from ..zoo import CLASSES
 
-        model = shapes_model()
+        model = zoo_model(args.model)[0]  # type: ignore[index]
         size, sd = args.size or 64, args.sd or 0.1
         titles = [CLASSES[u] if args.layer == "head" and 0 <= u < len(CLASSES) else f"{args.layer}:{u}" for u in units]
     else:

@@ -1,6 +1,6 @@
-"""Loading ``--model``: ``torchvision:NAME[:WEIGHTS]``, a local state_dict (``--weights``), a whole model saved with
-``torch.save(model)`` (``torch.load(weights_only=True)``, full unpickling only with ``--trust-pickle``) or a
-TorchScript file.
+"""Loading ``--model``: the embedded models (``shapes``: the shapes CNN, ``vit``: the shapes ViT),
+``torchvision:NAME[:WEIGHTS]``, a local state_dict (``--weights``), a whole model saved with ``torch.save(model)``
+(``torch.load(weights_only=True)``, full unpickling only with ``--trust-pickle``) or a TorchScript file.
 """
 
 from __future__ import annotations
@@ -21,6 +21,22 @@ from ..images import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  defined once the
 from .common import UsageError
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+# --model names of the embedded models trained on the shapes data: (hookviz.zoo function, how captions name it)
+ZOO_MODELS: dict[str, tuple[str, str]] = {
+    "shapes": ("shapes_model", "the embedded shapes CNN"),
+    "vit": ("shapes_vit", "the embedded shapes ViT"),
+}
+
+
+def zoo_model(spec: str) -> tuple[nn.Module, str] | None:
+    """(model, caption) for a ``--model`` that names an embedded model (`ZOO_MODELS`), in eval mode; else None."""
+    if spec not in ZOO_MODELS:
+        return None
+    from .. import zoo
+
+    name, described = ZOO_MODELS[spec]
+    return getattr(zoo, name)(), described
 
 
 def _preset(size: int) -> Any:

@@ -80,18 +80,21 @@ def shapes_model(weights: bool = True) -> ShapesCNN:
     return model.eval()
 
 
-def _load_weights(path: Path, sha256: str) -> dict[str, Tensor]:
-    """The state dict in the safetensors file `path` as float32, after checking its sha256 (nothing is unpickled)."""
+def _load_weights(
+    path: Path, sha256: str, what: str = "shapes model", rebuild: str = "python -m hookviz.zoo.train"
+) -> dict[str, Tensor]:
+    """The state dict in the safetensors file `path` as float32, after checking its sha256 (nothing is unpickled);
+    `what` names the model and `rebuild` the command that remakes the file, in the errors."""
     if not path.is_file():
         raise FileNotFoundError(
-            f"the shapes model's weights file {path} is missing; reinstall hookviz, or rebuild it with "
-            f"`python -m hookviz.zoo.train --out {path}`"
+            f"the {what}'s weights file {path} is missing; reinstall hookviz, or rebuild it with "
+            f"`{rebuild} --out {path}`"
         )
     data = path.read_bytes()
     got = hashlib.sha256(data).hexdigest()
     if got != sha256:
         raise RuntimeError(
-            f"the shapes model's weights file {path} is corrupted or not the shipped one: sha256 mismatch, "
+            f"the {what}'s weights file {path} is corrupted or not the shipped one: sha256 mismatch, "
             f"expected {sha256}, got {got}"
         )
     state = safetensors.torch.load(data)  # tensors and a JSON header: nothing in the file is executed
