@@ -96,6 +96,10 @@ PRETTY_NAMES = {
     "HiResCAM": "HiResCAM",
     "ScoreCAM": "Score-CAM",
     "GuidedGradCAM": "Guided Grad-CAM",
+    "AttentionRollout": "Attention Rollout",
+    "GradientRollout": "Gradient Rollout",
+    "LRP (attn-lrp)": "AttnLRP",
+    "LRP (cp-lrp)": "CP-LRP",
 }
 
 _CELL_IN = 1.1  # default cell edge in inches: 6 columns fit a two-column paper's full width (about 7 in)

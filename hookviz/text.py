@@ -252,7 +252,7 @@ def explain_tokens(
         tokens=tokens.detach().cpu(),
         targets=None if targets.indices is None else targets.indices.detach().cpu(),
         scores=targets.scores.detach().cpu(),
-        method=type(method).__name__,
+        method=method.method_label,
         multi_target=targets.multi,
         vocab=vocab,
         labels=labels,

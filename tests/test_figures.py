@@ -12,6 +12,7 @@ from torch import nn
 import hookviz as hv
 from hookviz import display
 from hookviz.figures import PAPER_RC, grid, save_figure
+from hookviz.zoo import ShapesViT
 
 H = W = 16
 LABELS = ["cat", "dog", "bird", "fish", "frog"]
@@ -295,6 +296,19 @@ def test_grid_explains_images_with_registry_names_and_instances() -> None:
     attr = hv.Saliency(model).attribute(x, target=[0, 1, 2]).abs().amax(1, keepdim=True)
     expected = display.normalize(attr, "minmax", sample_dims=0)
     np.testing.assert_allclose(cell(fig, 2, 1, 4), expected[2, 0].numpy(), atol=1e-5)
+
+
+def test_two_lrp_composites_are_told_apart_in_titles() -> None:
+    """Every LRP composite is the class LRP: the column titles name the composite (they all read "LRP" before)."""
+    model = small_cnn()
+    x = torch.randn(2, 3, H, W)
+    fig = grid(x, ["lrp-epsilon", hv.LRP(model, "epsilon-plus")], model=model, targets=[0, 1], labels=LABELS)
+    assert [fig.axes[c].get_title() for c in range(3)] == ["Input", "LRP (epsilon)", "LRP (epsilon-plus)"]
+    assert hv.LRP(model, "epsilon").visualize(x, target=0).method == "LRP (epsilon)"
+    torch.manual_seed(0)
+    vit = ShapesViT(dim=16, depth=1, heads=2).eval()  # random weights: the titles, not the maps, are tested
+    fig = grid(torch.rand(1, 3, 64, 64), ["lrp-attn-lrp", "lrp-cp-lrp", "attention-rollout"], model=vit, targets=[0])
+    assert [fig.axes[c].get_title() for c in range(4)] == ["Input", "AttnLRP", "CP-LRP", "Attention Rollout"]
 
 
 def test_grid_explains_k_targets_per_image_as_columns() -> None:

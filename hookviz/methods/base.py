@@ -201,7 +201,7 @@ class Attribution:
             inputs=x,
             targets=targets.indices,
             scores=targets.scores.detach(),
-            method=type(self).__name__,
+            method=self.method_label,
             multi_target=targets.multi,
             labels=labels if labels is not None else weights,
             display=dict(self.display_defaults),
@@ -211,6 +211,12 @@ class Attribution:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
+
+    @property
+    def method_label(self) -> str:
+        """The method's name on its results (``Explanation.method``, figure titles): the class name, plus what tells
+        two configurations of one class apart where that matters to a reader (LRP's composite)."""
+        return type(self).__name__
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     def _explain(self, x: Tensor, target: TargetSpec, **kwargs: Any) -> tuple[Tensor, Targets]:

@@ -128,6 +128,11 @@ class LRP(Attribution):
         tap = f", {self._tap!r}" if self._tap is not None else ""
         return f"LRP({type(self.model).__name__}, composite={self.composite.name!r}{tap})"
 
+    @property
+    def method_label(self) -> str:
+        """``"LRP (<composite>)"``: maps of two composites side by side in a figure are told apart."""
+        return f"LRP ({self.composite.name})"
+
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         for _, rule in (*self.composite.first_map, *self.composite.type_map, *self.composite.name_map):
             if isinstance(rule, ZBox):
