@@ -228,7 +228,7 @@ def test_demo_with_the_vit_writes_a_png(tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert "shapes ViT" in printed and f"wrote {out.resolve()}" in printed
     lines = [line for line in printed.splitlines() if line.startswith("pointing game")]
-    assert [line.split()[-2] for line in lines] == ["saliency", "integrated-gradients", "gradcam"]
+    assert [line.split()[-2] for line in lines] == ["lrp-attn-lrp", "gradient-rollout", "gradcam"]
     with Image.open(out) as im:
         assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
     with pytest.raises(SystemExit) as exc:

@@ -16,7 +16,8 @@ from .common import UsageError, _check_images
 # have (GELU): it shows gradient methods and Grad-CAM on its patch grid.
 DEMO_COLUMNS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "shapes": (("guided-backprop", "Guided Backprop"), ("gradcam", None), ("guided-gradcam", "Guided Grad-CAM")),
-    "vit": (("saliency", "Saliency"), ("integrated-gradients", "Integrated Gradients"), ("gradcam", None)),
+    # the transformer methods that lead on the ViT's metrics (docs/evaluation.md), and Grad-CAM, which comes last
+    "vit": (("lrp-attn-lrp", "AttnLRP"), ("gradient-rollout", "Gradient Rollout"), ("gradcam", None)),
 }
 
 
@@ -115,7 +116,7 @@ def add_parser(sub: Any) -> None:
         "each method points at the object",
         description="Explain four fresh images of hookviz's synthetic shapes data set with Guided Backprop, Grad-CAM "
         "and Guided Grad-CAM on the embedded shapes CNN (trained on that data set, 8 classes; nothing is downloaded), "
-        "or with Saliency, Integrated Gradients and Grad-CAM on the embedded shapes ViT (--model vit), write the "
+        "or with AttnLRP, Gradient Rollout and Grad-CAM on the embedded shapes ViT (--model vit), write the "
         "figure and print each method's pointing game (how often the map's maximum lies on the object).",
     )
     demo.add_argument(
@@ -123,7 +124,7 @@ def add_parser(sub: Any) -> None:
         choices=tuple(DEMO_COLUMNS),
         default="shapes",
         help="the embedded model: shapes, the CNN (Guided Backprop, Grad-CAM, Guided Grad-CAM), or vit, the vision "
-        "transformer (Saliency, Integrated Gradients, Grad-CAM on its 8x8 patch grid) (default: %(default)s)",
+        "transformer (AttnLRP, Gradient Rollout, Grad-CAM on its 8x8 patch grid) (default: %(default)s)",
     )
     demo.add_argument("--out", default="hookviz-demo.png", help="where to write the figure (default: %(default)s)")
     demo.add_argument(
