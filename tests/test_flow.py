@@ -76,8 +76,9 @@ def fused_kernels_unavailable() -> str | None:
         for fn, args in probes:
             torch.compile(fn, dynamic=False, fullgraph=True)(*args)
     except Exception as err:  # what GradientFlow's fallback catches
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return f"{type(err).__name__}: {first}"[:300]
+        # inductor's errors open with "backend='inductor' raised:": the cause is on the next line
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        return f"{type(err).__name__}: {' '.join(lines[:2])}"[:300]
     return None
 
 
