@@ -18,11 +18,14 @@ before the call, as in ``bench_peers.py``). Writes ``<out>.json`` and ``<out>.md
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,107 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peers import _reset_peak_kib, _status_kib  # noqa: E402
 
 import hookviz as hv  # noqa: E402
+from hookviz.methods.lrp import composite as composite_of  # noqa: E402
 
-ROWS = ("floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "lxt-attn-lrp")
+ROWS = ("floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "lxt-attn-lrp", "lxt-cp-lrp")
 TARGET = 1
+LAYER = {"bert_base": "bert.embeddings.word_embeddings", "llama": "model.embed_tokens"}
+TOKENS = ("bert_base", "llama")
+
+
+def _score(name: str, out: Any) -> torch.Tensor:
+    """The explained score per sample: logit TARGET, at the last position for the language model."""
+    if name == "llama":
+        return out.logits[:, -1, TARGET]
+    return (out.logits if hasattr(out, "logits") else out)[:, TARGET]
+
+
+def _lxt_patches() -> types.ModuleType:
+    """lxt 2.1's patches module, entered without lxt.efficient's __init__ (it imports lxt's BERT copy, written for
+    transformers 4, which does not import under transformers 5), as tests/test_attnlrp.py does."""
+    import lxt
+
+    base = os.path.join(os.path.dirname(lxt.__file__), "efficient")
+    for name, path in (("lxt.efficient", base), ("lxt.efficient.models", os.path.join(base, "models"))):
+        if name not in sys.modules:
+            pkg = types.ModuleType(name)
+            pkg.__path__ = [path]
+            sys.modules[name] = pkg
+    import lxt.efficient.patches as patches
+
+    return patches
+
+
+def _bind(module: nn.Module, fn: Callable, keep_original: bool = False) -> None:
+    # lxt patches the classes (every instance in the process); bound to this copy's instances instead, so the
+    # floor and hookviz rows run the unpatched model in the same process, round-robin
+    if keep_original:
+        module.original_forward = module.forward
+    module.forward = types.MethodType(fn, module)
+
+
+def lxt_model(name: str, model: nn.Module, variant: str) -> nn.Module:
+    """A copy of `model` with lxt 2.1's rules for `variant` ("attn-lrp" or "cp-lrp"): its maps for LLaMA
+    (lxt.efficient.models.llama) and torchvision's ViT (vit_torch, CP-LRP only), applied to this copy's modules."""
+    p = _lxt_patches()
+    attn = variant == "attn-lrp"
+    lxt = copy.deepcopy(model)
+    if name == "llama":
+        import transformers as tf
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.masking_utils import sdpa_mask
+        from transformers.models.llama import modeling_llama as ml
+
+        # lxt's patch_attention wraps every function of transformers' attention registry (and replaces the registry by
+        # a plain dict, which transformers 5 cannot use): its wrapper around sdpa is registered under a name of its own
+        key = f"lxt_{variant}_sdpa"
+        wrap = p.wrap_attention_forward if attn else p.cp_wrap_attention_forward
+        tf.AttentionInterface.register(key, wrap(sdpa_attention_forward))
+        tf.AttentionMaskInterface.register(key, sdpa_mask)
+        lxt.set_attn_implementation(key)
+        for m in lxt.modules():
+            if isinstance(m, ml.LlamaRMSNorm):
+                _bind(m, p.rms_norm_forward)
+            elif isinstance(m, ml.LlamaMLP):
+                _bind(m, p.gated_mlp_forward if attn else p.cp_gated_mlp_forward)
+        return lxt
+    if name == "vit_b_16" and not attn:
+        for m in lxt.modules():
+            if isinstance(m, nn.GELU):
+                _bind(m, p.non_linear_forward, keep_original=True)
+            elif isinstance(m, nn.LayerNorm):
+                _bind(m, p.layer_norm_forward)
+            elif isinstance(m, nn.MultiheadAttention):
+                _bind(m, p.cp_multi_head_attention_forward, keep_original=True)
+        return lxt
+    raise RuntimeError(
+        {
+            "vit_small": "lxt 2.1 has no map for timm's VisionTransformer",
+            "bert_base": "lxt 2.1's BERT (a copy of transformers 4's modeling_bert) does not import under "
+            "transformers 5",
+            "vit_b_16": "lxt 2.1's torchvision ViT map is CP-LRP only",
+        }[name]
+    )
+
+
+def lxt_fn(name: str, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """lxt's relevance: gradient x input of the score (at the embeddings' output for token models)."""
+    if name in TOKENS:
+        emb = model.get_input_embeddings()
+
+        def run_tokens(ids: torch.Tensor) -> torch.Tensor:
+            e = emb(ids).detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(_score(name, model(inputs_embeds=e)).sum(), e)
+            return e.detach() * g
+
+        return run_tokens
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(_score(name, model(x)).sum(), x)
+        return x.detach() * g
+
+    return run
 
 
 def make_model(name: str) -> nn.Module:
@@ -45,6 +146,19 @@ def make_model(name: str) -> nn.Module:
         import timm
 
         model = timm.create_model("vit_small_patch16_224", pretrained=False)
+    elif name == "vit_b_16":
+        import torchvision
+
+        model = torchvision.models.vit_b_16(weights=None)
+        nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts the head at zero (a zero output)
+    elif name == "llama":
+        import transformers as tf
+
+        cfg = tf.LlamaConfig(
+            vocab_size=32000, hidden_size=768, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=12,
+            intermediate_size=2048, max_position_embeddings=512,
+        )  # fmt: skip
+        model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa")
     else:
         import transformers as tf
 
@@ -58,37 +172,52 @@ def make_model(name: str) -> nn.Module:
 
 def make_input(name: str, batch: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    if name == "vit_small":
+    if name in ("vit_small", "vit_b_16"):
         return torch.randn(batch, 3, 224, 224, generator=g)
     return torch.randint(1000, 30000, (batch, 128), generator=g)
 
 
 def build(row: str, name: str, model: nn.Module) -> Callable[[torch.Tensor], Any]:
-    layer = None if name == "vit_small" else "bert.embeddings.word_embeddings"
+    layer = LAYER.get(name)
     if row == "floor":
         if layer is None:
 
             def floor(x: torch.Tensor) -> Any:
                 x = x.detach().requires_grad_(True)
-                return torch.autograd.grad(model(x)[:, TARGET].sum(), x)[0]
+                return torch.autograd.grad(_score(name, model(x)).sum(), x)[0]
 
             return floor
         emb = model.get_input_embeddings()
 
         def floor_tokens(ids: torch.Tensor) -> Any:
             e = emb(ids).detach().requires_grad_(True)
-            return torch.autograd.grad(model(inputs_embeds=e).logits[:, TARGET].sum(), e)[0]
+            return torch.autograd.grad(_score(name, model(inputs_embeds=e)).sum(), e)[0]
 
         return floor_tokens
     if row.startswith("hookviz"):
         lrp = hv.LRP(model, row.removeprefix("hookviz-"), layer=layer)
-        return lambda x: lrp.attribute(x, TARGET)
-    why = (
-        "lxt 2.1 has no map for timm's VisionTransformer"
-        if name == "vit_small"
-        else "lxt 2.1's BERT (a copy of transformers 4's modeling_bert) does not import under transformers 5"
-    )
-    raise RuntimeError(why)
+        target = (lambda out: _score(name, out)) if name == "llama" else TARGET
+        return lambda x: lrp.attribute(x, target)
+    return lxt_fn(name, lxt_model(name, model, row.removeprefix("lxt-")))
+
+
+def agreement(name: str, model: nn.Module, x: torch.Tensor, variant: str) -> dict[str, float]:
+    """max |hookviz - lxt| / max |lxt| of the two maps for `variant`, with the rules lxt uses (no epsilon, no
+    stabilizer on the sums: lxt divides by activations unstabilised); "frozen" on `model` as timed (parameters
+    frozen), "grad" on a copy whose parameters require a gradient (as in tests/test_attnlrp.py)."""
+    target = (lambda out: _score(name, out)) if name == "llama" else TARGET
+    comp = composite_of(variant, epsilon=0.0, stabilizer=0.0)
+    out = {}
+    for how in ("frozen", "grad"):
+        m = model
+        if how == "grad":
+            m = copy.deepcopy(model)
+            for p in m.parameters():
+                p.requires_grad_(True)
+        lxt = lxt_fn(name, lxt_model(name, m, variant))(x)
+        ours = hv.LRP(m, comp, layer=LAYER.get(name)).attribute(x, target)
+        out[how] = float((ours - lxt).abs().max() / lxt.abs().max())
+    return out
 
 
 def child(args: argparse.Namespace) -> None:
@@ -113,7 +242,8 @@ def peak(row: str, model: str, args: argparse.Namespace) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["vit_small", "bert_base"])
+    ap.add_argument("--models", nargs="+", default=["vit_small", "bert_base"],
+                    choices=["vit_small", "bert_base", "llama", "vit_b_16"])  # fmt: skip
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
@@ -148,31 +278,35 @@ def main() -> None:
                 fn(x)
                 times[row].append((time.perf_counter() - t) * 1000)
         floor = statistics.median(times["floor"])
+        agree = {row: agreement(name, model, x, row.removeprefix("lxt-")) for row in fns if row.startswith("lxt")}
+        for row, d in agree.items():
+            print(f"{name:10s} {row:18s} max |hookviz - lxt| / max |lxt| = {d}", flush=True)
         mems = {row: (None if args.no_memory else peak(row, name, args)) for row in fns}
         for row in fns:
             med = statistics.median(times[row])
             mem, mem_floor = mems[row], mems["floor"]
             ratio = None if mem is None or not mem_floor else mem / mem_floor
             results.append({"model": name, "row": row, "ms": med, "x_floor": med / floor, "peak_mib": mem,
-                            "mem_x_floor": ratio, "times": times[row]})  # fmt: skip
+                            "mem_x_floor": ratio, "vs_lxt": agree.get(row), "times": times[row]})  # fmt: skip
             print(f"{name:10s} {row:18s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB", flush=True)
     meta = {"torch": torch.__version__, "threads": args.threads, "batch": args.batch, "repeats": args.repeats}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
     lines = [
         f"AttnLRP / CP-LRP vs the gradient floor, CPU ({meta['threads']} thread(s)), N = {args.batch}, median of "
-        f"{args.repeats}, torch {meta['torch']}; ViT-Small at 224x224, BERT-base at 128 tokens, random weights",
+        f"{args.repeats}, torch {meta['torch']}; models {', '.join(args.models)}, random weights",
         "",
-        "| model | row | ms | x floor | peak MiB | memory x floor |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | row | ms | x floor | peak MiB | memory x floor | hookviz vs lxt: max rel. diff. (frozen / grad) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r["ms"] is None:
-            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - | - |")
+            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - | - | - |")
             continue
         mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
         mx = "-" if r["mem_x_floor"] is None else f"{r['mem_x_floor']:.2f}"
-        lines.append(f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} | {mx} |")
+        vs = "-" if r.get("vs_lxt") is None else f"{r['vs_lxt']['frozen']:.1e} / {r['vs_lxt']['grad']:.1e}"
+        lines.append(f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} | {mx} | {vs} |")
     Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
 
 
