@@ -43,6 +43,7 @@ from ..rules import Rule as EngineRule
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
+from .rulecall import _PassFn
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
 from .transformer import NormIdentity, is_attention_module, module_kind
 from .transformer_ops import TransformerOps
@@ -209,19 +210,6 @@ class _SumFn(torch.autograd.Function):
         ra, rb = a * s, b * s
         _audit(call, r, ra + rb)
         return ra, rb, None
-
-
-class _PassFn(torch.autograd.Function):
-    """Output: an elementwise layer's output (boxed, ``(z,)``, handed on without a copy); backward: the relevance
-    passed through unchanged."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, zbox: tuple[Tensor]) -> Tensor:
-        return zbox[0]
-
-    @staticmethod
-    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
-        return r, None
 
 
 def _name(func: Callable[..., Any]) -> str:
