@@ -30,7 +30,6 @@ that silently missed a layer would be wrong.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...hooks import HookManager
 from ..cam_layer import is_attention_module, is_attention_name
+from ..rules.ops import bind_mha, bind_sdpa
 from ..scope import acting, current_call
 
 SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -51,7 +51,6 @@ SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
     torch.softmax: "torch.softmax",
     Tensor.softmax: "Tensor.softmax",
 }
-_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
 class AttentionNotVisible(RuntimeError):
@@ -96,36 +95,24 @@ class Captured:
         return grad.reshape(n, h, k, t, s).transpose(1, 2)
 
 
-def _sdpa_reference(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """``F.scaled_dot_product_attention`` as its documented reference computes it: (probabilities, scores) with the
-    probabilities before dropout (what an eager softmax returns)."""
+def _sdpa_probabilities(a: dict[str, Any]) -> Tensor:
+    """The probabilities of an ``F.scaled_dot_product_attention`` call (its arguments by name, `bind_sdpa`) as its
+    documented reference computes them, before dropout (what an eager softmax returns)."""
+    query, key, scale, mask = a["query"], a["key"], a["scale"], a["attn_mask"]
     t, s = query.size(-2), key.size(-2)
     factor = 1 / math.sqrt(query.size(-1)) if scale is None else scale
-    if enable_gqa and query.dim() >= 3:
+    if a["enable_gqa"] and query.dim() >= 3:
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
     scores = query @ key.transpose(-2, -1) * factor
-    if is_causal:
+    if a["is_causal"]:
         causal = torch.ones(t, s, dtype=torch.bool, device=query.device).tril()
         scores = scores.masked_fill(~causal, float("-inf"))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
         else:
-            scores = scores + attn_mask
-    return torch.softmax(scores, dim=-1), scores
-
-
-def _bind_sdpa(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    return inspect.signature(_sdpa_reference).bind(*args, **kwargs).arguments
+            scores = scores + mask
+    return torch.softmax(scores, dim=-1)
 
 
 class _Mode(TorchFunctionMode):
@@ -228,8 +215,8 @@ class AttentionCapture:
         self.captured.append(Captured(probs, node, heads, source, module))
 
     def sdpa(self, args: tuple, kwargs: dict) -> Tensor:
-        bound = _bind_sdpa(*args, **kwargs)
-        probs, _ = _sdpa_reference(**bound)
+        bound = bind_sdpa(args, kwargs)
+        probs = _sdpa_probabilities(bound)
         if not probs.requires_grad:
             probs = probs.detach().requires_grad_(True)
         value = bound["value"]
@@ -242,9 +229,7 @@ class AttentionCapture:
         return out
 
     def mha(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        bound = _MHA_SIGNATURE.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
+        a = bind_mha(args, kwargs)
         asked, average = a["need_weights"], a["average_attn_weights"]
         if a["is_causal"] and a["attn_mask"] is None:  # PyTorch's explicit path needs the mask itself
             t, s = a["query"].shape[0], a["key"].shape[0]
@@ -257,7 +242,7 @@ class AttentionCapture:
                 t = a[k]
                 a[k] = leaves.setdefault(id(t), t.detach().requires_grad_(True))
         a["need_weights"], a["average_attn_weights"] = True, False
-        out, weights = func(*bound.args, **bound.kwargs)
+        out, weights = func(**a)
         node = weights._base
         if node is None or not node.requires_grad:
             raise AttentionNotVisible(

@@ -5,7 +5,6 @@ q kᵀ by the product rule, the softmax rule, attention · v by the product rule
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..rules.ops import bind_mha, bind_sdpa
 from .rulecall import NOT_HANDLED
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
-_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
 def attend(
@@ -62,9 +61,7 @@ def attend(
 
 
 def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
-    bound = inspect.signature(_sdpa_reference).bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = bind_sdpa(args, kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     if not any(ops.depends(t) for t in (q, k, v)):
         return NOT_HANDLED
@@ -75,9 +72,7 @@ def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
 
 
 def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
-    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = bind_mha(args, kwargs)
     query, key, value = a["query"], a["key"], a["value"]
     if not any(ops.depends(t) for t in (query, key, value)):
         return NOT_HANDLED
@@ -117,19 +112,6 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
         weights = p.detach().mean(1) if a["average_attn_weights"] else p.detach()
         weights = weights.squeeze(0) if unbatched else weights
     return (out.squeeze(1) if unbatched else out), weights
-
-
-def _sdpa_reference(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> None:
-    """The signature of ``F.scaled_dot_product_attention`` (a builtin, which ``inspect`` cannot read)."""
 
 
 def _mha_mask(

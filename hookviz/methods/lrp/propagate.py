@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...hooks import HookManager
+from ..cam_layer import is_attention_module
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
@@ -45,7 +46,7 @@ from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LI
 from .norm import norm_map
 from .rulecall import _PassFn
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
-from .transformer import NormIdentity, is_attention_module, module_kind
+from .transformer import NormIdentity, module_kind
 from .transformer_ops import TransformerOps
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {

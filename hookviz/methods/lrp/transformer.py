@@ -122,8 +122,3 @@ class TransformerRules:
 
     def __repr__(self) -> str:
         return f"TransformerRules(product={self.product!r}, softmax={self.softmax!r}, norm={self.norm!r})"
-
-
-def is_attention_module(module: nn.Module) -> bool:
-    """Modules whose forward must contain an attention the engine sees (by type, or 'Attention' in the class name)."""
-    return isinstance(module, nn.MultiheadAttention) or "Attention" in type(module).__name__

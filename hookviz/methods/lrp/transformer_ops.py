@@ -4,6 +4,7 @@ attention module ran an attention the rules saw."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -301,7 +302,7 @@ class TransformerOps:
         return _NormIdentityFn.apply(x, call)
 
     def _norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound = _signature(func).bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
         x = a["input"]
@@ -314,6 +315,12 @@ class TransformerOps:
         with torch.no_grad():
             y = func(*args, **kwargs)
         return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm)
+
+
+@functools.cache
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    """`func`'s signature, read once (``F.layer_norm`` and ``F.rms_norm`` are bound on every call of a forward)."""
+    return inspect.signature(func)
 
 
 def _as_called(func: Any, args: tuple, kwargs: dict) -> Any:

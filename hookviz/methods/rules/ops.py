@@ -8,6 +8,7 @@ intact (what the engine runs when a rule needs an in-place call's input).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +62,36 @@ def spellings(name: str, *, inplace: bool = True) -> dict[Callable[..., Any], st
             if callable(func) and func not in found:
                 found[func] = f"{prefix}.{variant}"
     return found
+
+
+def _sdpa_signature(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> None:
+    """The signature of ``F.scaled_dot_product_attention`` (a builtin, which ``inspect`` cannot read)."""
+
+
+_SDPA = inspect.signature(_sdpa_signature)
+_MHA = inspect.signature(F.multi_head_attention_forward)
+
+
+def bind_sdpa(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of an ``F.scaled_dot_product_attention`` call by name, defaults filled in (the methods that
+    decompose the fused call read them: the attention rollouts, the transformer LRP rules)."""
+    bound = _SDPA.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def bind_mha(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of an ``F.multi_head_attention_forward`` call (what ``nn.MultiheadAttention`` runs) by name,
+    defaults filled in."""
+    bound = _MHA.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
