@@ -41,9 +41,8 @@ class RuleReLU(nn.Module):
         return _RuleReLU.apply(x, self.masked)
 
 
-def rule_copy(model: nn.Module, rule: str) -> nn.Module:
-    """`double_copy` with every nn.ReLU module swapped: rule "guided" or "deconvnet" ("plain" swaps nothing)."""
-    m = double_copy(model)
+def swap_relus(m: nn.Module, rule: str) -> nn.Module:
+    """`m` itself with every nn.ReLU module swapped: rule "guided" or "deconvnet" ("plain" swaps nothing)."""
     if rule == "plain":
         return m
     masked = {"guided": True, "deconvnet": False}[rule]
@@ -52,6 +51,11 @@ def rule_copy(model: nn.Module, rule: str) -> nn.Module:
             if isinstance(child, nn.ReLU):
                 setattr(parent, name, RuleReLU(masked))
     return m
+
+
+def rule_copy(model: nn.Module, rule: str) -> nn.Module:
+    """`double_copy` with every nn.ReLU module swapped (`swap_relus`)."""
+    return swap_relus(double_copy(model), rule)
 
 
 def input_attribution(model: nn.Module, x: Tensor, targets: Tensor, rule: str) -> Tensor:

@@ -15,7 +15,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from .relu_rules import RuleReLU
+from .relu_rules import swap_relus
 
 U32 = 2.0**-24  # unit roundoff of float32
 
@@ -23,15 +23,7 @@ U32 = 2.0**-24  # unit roundoff of float32
 def same_dtype_rule_copy(model: nn.Module, rule: str) -> nn.Module:
     """An eval-mode copy in the model's own dtype with every nn.ReLU module swapped for the rule's ReLU ("guided"
     or "deconvnet"; "plain" swaps nothing); the caller's model is untouched."""
-    m = copy.deepcopy(model).eval()
-    if rule == "plain":
-        return m
-    masked = {"guided": True, "deconvnet": False}[rule]
-    for parent in list(m.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.ReLU):
-                setattr(parent, name, RuleReLU(masked))
-    return m
+    return swap_relus(copy.deepcopy(model).eval(), rule)
 
 
 def batch_gradient(model: nn.Module, x: Tensor, targets: Tensor) -> Tensor:
