@@ -629,3 +629,52 @@ def test_k_targets_equal_separate_calls() -> None:
     for j in range(2):
         one = lrp.attribute(x, target=torch.tensor([[0, 3], [2, 1]])[:, j])
         torch.testing.assert_close(both[:, j], one, rtol=1e-5, atol=1e-7)  # float32; the same forward values
+
+
+# -- the map does not depend on which parameters the user trains -----------------------------------------------------
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("family", ["timm-fused", "torchvision", "vit-eager", "bert-eager", "gpt2-sdpa", "llama-eager"])
+def test_map_is_the_same_with_frozen_parameters(family: str, composite: str) -> None:
+    """A frozen position or token-type embedding is the same constant as a trainable one: the sum rule gives it its
+    share either way (read from the graph, never from ``requires_grad``); the flags are left as they came."""
+    model, x, kw = _family(family)
+    model = model.double()
+    x = x.double() if x.is_floating_point() else x
+    target = _LAST.get(family.split("-")[0], 1)
+    trained = hv.LRP(model, composite, **kw).attribute(x, target=target)
+    frozen_names = [name for i, (name, p) in enumerate(model.named_parameters()) if i % 2 == 0]
+    for name, p in model.named_parameters():
+        p.requires_grad_(name not in frozen_names)  # half frozen: the embeddings and some weights of each kind
+    half = hv.LRP(model, composite, **kw).attribute(x, target=target)
+    model.requires_grad_(False)
+    frozen = hv.LRP(model, composite, **kw).attribute(x, target=target)
+    assert not any(p.requires_grad for p in model.parameters())
+    # the same rules on the same float64 numbers; autograd may sum a tensor's relevance contributions in another
+    # order when parameters take part in the graph: float64 rounding of a few terms, 1e-12 of the largest relevance
+    # (a constant handled differently moves the map by 1e-2 to 1, as the frozen position embedding did)
+    big = float(trained.abs().max())
+    torch.testing.assert_close(half, trained, rtol=0, atol=1e-12 * big)
+    torch.testing.assert_close(frozen, trained, rtol=0, atol=1e-12 * big)
+    assert big > 0
+
+
+def test_frozen_position_embedding_gets_the_sum_rule_share() -> None:
+    """By hand, on one addition: R_x = x R / (x + p) for a position embedding p, frozen or not (as lxt's gradient form
+    gives it); relevance does not pass through the addition unchanged."""
+
+    class PosAdd(nn.Module):  # a container with parameters of its own, as timm's and torchvision's ViTs are
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Parameter(torch.tensor([[0.5, -2.0, 1.0]], dtype=torch.float64))
+            self.head = nn.Linear(3, 2, bias=False).double()
+            nn.init.ones_(self.head.weight)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(x + self.pos)
+
+    x = torch.tensor([[1.0, 3.0, -0.5]], dtype=torch.float64)
+    for frozen in (False, True):
+        model = PosAdd().requires_grad_(not frozen)
+        got = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0)).attribute(x, target=0)
+        # the score is the sum of z = x + p (a linear layer of ones: z_i carries relevance z_i), x's share is x_i
+        torch.testing.assert_close(got, x, rtol=1e-15, atol=0)

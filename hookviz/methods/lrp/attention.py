@@ -53,7 +53,7 @@ def attend(
         bias = m if bias is None else bias + m
     s = ops.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)
     if bias is not None:
-        s = s + bias  # a constant: relevance passes to the logits unchanged
+        s = ops.sum(f"{what} mask", s, bias, (True, False))  # the mask absorbs its share, as in an eager model
     p = ops.softmax(f"{what} softmax", s, -1, lambda t: torch.softmax(t, -1))
     if dropout_p > 0:
         p = ops.tag(F.dropout(p, dropout_p))

@@ -89,8 +89,10 @@ class _ProductFn(torch.autograd.Function):
 
 
 class _BroadcastSumFn(torch.autograd.Function):
-    """Output: ``a + b`` where one side broadcasts (a position embedding added to a batch of tokens); backward: the
-    sum rule (`rules.Norm`), ``R_a = a R / stab(a + b)`` summed over the broadcast axes (same for b)."""
+    """Output: ``a + b`` where one side broadcasts or is a constant (a position embedding added to a batch of
+    tokens, a mask added to attention scores); backward: the sum rule (`rules.Norm`), ``R_a = a R / stab(a + b)``
+    summed over the broadcast axes (same for b). A side that does not depend on the input (``call.extra``: which
+    do) gets no relevance: its share is absorbed, as a bias's is, and the audit counts only what is passed on."""
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, call: RuleCall) -> Tensor:
@@ -99,10 +101,10 @@ class _BroadcastSumFn(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         call = ctx.call
         a, b = call.inputs()
         s = r / stabilize(call.output(lambda: a + b), call.rule.stabilizer)
-        ra, rb = (a * s).sum_to_size(a.shape), (b * s).sum_to_size(b.shape)
-        _audit(call, r, ra, rb)
-        return ra, rb, None
+        shares = [(t * s).sum_to_size(t.shape) if keep else None for t, keep in zip((a, b), call.extra, strict=True)]
+        _audit(call, r, *(t for t in shares if t is not None))
+        return shares[0], shares[1], None

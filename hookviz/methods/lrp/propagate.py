@@ -44,6 +44,7 @@ from ..rules import Rule as EngineRule
 from .audit import AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
+from .reach import InputReach
 from .rulecall import _PassFn
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
 from .transformer import NormIdentity, module_kind
@@ -234,8 +235,11 @@ class LRPRun:
         self.coverage: Coverage | None = None
         self.engine: RuleEngine | None = None
         rules = composite.transformer
+        self.reach = InputReach()
         self.ops = (
-            None if rules is None else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule)
+            None
+            if rules is None
+            else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule, self.reach)
         )
 
     # -- the table ------------------------------------------------------------------------------------------------
@@ -398,8 +402,10 @@ class LRPRun:
         return _LinearFn.apply(x, (z,), call)
 
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """A sum of two branches of the same shape with the composite's sum rule (`Norm`); other additions as
-        called (a bias, a constant)."""
+        """A sum of two branches of the same shape (both depend on the input, read from the graph: `InputReach`)
+        with the composite's sum rule (`Norm`); other additions as called (a bias, a constant: relevance passes to
+        the input unchanged, as zennit's plain gradient does; transformer composites give constants the sum rule
+        before this, as ``lxt`` does)."""
         a = args[0] if args else kwargs.get("input")
         b = args[1] if len(args) > 1 else kwargs.get("other")
         alpha = kwargs.get("alpha", 1)
@@ -408,9 +414,9 @@ class LRPRun:
         if not (
             isinstance(a, Tensor)
             and isinstance(b, Tensor)
-            and a.requires_grad
-            and b.requires_grad
             and a.shape == b.shape
+            and self.reach.depends(a)
+            and self.reach.depends(b)
             and alpha == 1
             and len(args) <= 2
         ):
@@ -452,13 +458,13 @@ class LRPRun:
         return _NormFn.apply(x, (out.detach(),), call)
 
     def affine(self, engine_call: Call) -> Any:
-        """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``): relevance passes unchanged;
-        with two inputs needing a gradient (a product: gating) no rule covers it (`NotImplemented`, the engine
-        reports it), the output as computed."""
+        """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``; a parameter is a constant,
+        trainable or not): relevance passes unchanged; with two inputs that depend on the explained input (a
+        product: gating) no rule covers it (`NotImplemented`, the engine reports it), the output as computed."""
         func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
         out = func(*args, **kwargs)
         if isinstance(out, Tensor):
-            grads = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+            grads = [a for a in args if self.reach.depends(a)]
             if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
                 return _PassFn.apply(grads[0], (out.detach(),))
         engine_call.output = out
@@ -480,6 +486,7 @@ class LRPRun:
             self.produced.clear()
             if self.ops is not None:
                 self.ops.clear()
+            self.reach.clear()
             self.coverage = engine.coverage
 
 

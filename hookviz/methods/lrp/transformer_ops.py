@@ -19,6 +19,7 @@ from .attention import MHA, SDPA, mha, sdpa
 from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
 from .products import _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn
+from .reach import InputReach
 from .rulecall import NOT_HANDLED, RuleCall, _PassFn
 from .rules import Rule
 from .transformer import TransformerRules
@@ -48,7 +49,12 @@ _SOURCES = {"embedding", "is_floating_point", "is_complex"}
 # the attention probabilities stay what they are through these (tags for CP-LRP follow them)
 _KEEPS_TAG = {"to", "type_as", "dropout", "contiguous", "float", "half", "double", "type", "clone", "detach"}
 
-ADD_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.add: "+", torch.add: "torch.add", Tensor.__radd__: "+"}
+ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
+    Tensor.add: "+",
+    torch.add: "torch.add",
+    Tensor.add_: "+=",
+    Tensor.__radd__: "+",
+}
 
 LinearCall = Callable[[Tensor, Tensor, "Tensor | None", str], Tensor]
 EntryCall = Callable[[str, Rule], AuditEntry]
@@ -59,63 +65,27 @@ class TransformerOps:
     calls as entries of LRP's rule table (`add_entries`), the gates CP-LRP holds (``tags``), and the check that
     every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
 
-    def __init__(self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule) -> None:
+    def __init__(
+        self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule, reach: InputReach
+    ) -> None:
         self.rules = rules
+        self.reach = reach
         self.sum_rule = sum_rule
         self.entry = entry
         self.linear = linear
         self.tags: dict[int, Tensor] = {}  # id -> tensor: softmax and activation outputs (gates CP-LRP holds)
-        self._reaches: dict[Any, bool] = {}  # autograd node -> whether it reaches an input (not a parameter)
         self.attention_calls = 0
         self._open: list[tuple[str, int]] = []  # attention modules being run: (name, attention calls at entry)
 
     def clear(self) -> None:
         self.tags.clear()
-        self._reaches.clear()
         self._open.clear()
 
     # -- what depends on the input ------------------------------------------------------------------------------
     def depends(self, t: object) -> bool:
-        """Whether `t` depends on the explained input (a leaf that is not an `nn.Parameter`), not only on
-        parameters and constants: a product with a parameter is a linear map, not a product of two activations."""
-        if not isinstance(t, Tensor) or not t.requires_grad:
-            return False
-        if t.grad_fn is None:
-            return not isinstance(t, nn.Parameter)
-        return self._node_reaches(t.grad_fn)
-
-    def _node_reaches(self, root: Any) -> bool:
-        memo = self._reaches
-        if root in memo:
-            return memo[root]
-        stack, seen, found = [root], [], False
-        visited = {root}
-        while stack and not found:
-            node = stack.pop()
-            seen.append(node)
-            for nxt, _ in getattr(node, "next_functions", ()):
-                if nxt is None or nxt in visited:
-                    continue
-                known = memo.get(nxt)
-                if known is True:
-                    found = True
-                    break
-                if known is False:
-                    continue
-                var = getattr(nxt, "variable", None)
-                if var is not None:  # AccumulateGrad: a leaf
-                    if not isinstance(var, nn.Parameter):
-                        found = True
-                        break
-                    continue
-                visited.add(nxt)
-                stack.append(nxt)
-        if found:
-            memo[root] = True
-        else:  # a full search: nothing below any visited node reaches an input
-            for node in seen:
-                memo[node] = False
-        return found
+        """Whether `t` depends on the explained input, not only on parameters and constants (`InputReach`): a
+        product with a parameter is a linear map, not a product of two activations."""
+        return self.reach.depends(t)
 
     def tag(self, t: Tensor) -> Tensor:
         self.tags[id(t)] = t
@@ -166,7 +136,7 @@ class TransformerOps:
             return affine(call) if call.op in (Tensor.mul, torch.mul) else NotImplemented
 
         (
-            table.functions(ADD_FUNCTIONS, rule("sum", self._broadcast_add, lambda c: add(c.op, c.args, c.kwargs)))
+            table.functions(ADD_FUNCTIONS, rule("sum", self._sum, lambda c: add(c.op, c.args, c.kwargs)))
             .functions(MATMUL_FUNCTIONS, rule("product", self._matmul))
             .functions(MUL_FUNCTIONS, rule("product", self._mul, affine_mul))
             .functions(SOFTMAX_FUNCTIONS, rule("softmax", self._softmax))
@@ -201,20 +171,31 @@ class TransformerOps:
             return self.tag(func(*args, **kwargs))
         return NOT_HANDLED
 
-    def _broadcast_add(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Sums of two tensors of different shapes (broadcasting) get the sum rule too; same-shaped sums are the
-        generic sum rule's (`propagate`)."""
+    def _sum(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The sum rule (``R_a = a R / stab(a + b)``) also where one side is a constant (a position or token-type
+        embedding, an attention mask: its share is absorbed, as a bias's is, and as ``lxt`` does) or broadcasts;
+        sums of two same-shaped branches are the generic sum rule's (`propagate`). What is constant is read from the
+        graph (`depends`), never from ``requires_grad``: a frozen embedding is the same constant as a trainable one."""
         if len(args) != 2 or kwargs or not hasattr(self.sum_rule, "stabilizer"):
             return NOT_HANDLED
         a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
-        if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or a.shape == b.shape:
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
             return NOT_HANDLED
-        if not (a.requires_grad and b.requires_grad):
+        da, db = self.depends(a), self.depends(b)
+        if not (da or db) or (da and db and a.shape == b.shape):
             return NOT_HANDLED
+        inplace = func is Tensor.add_
+        if inplace and torch.broadcast_shapes(a.shape, b.shape) != a.shape:
+            return NOT_HANDLED  # the in-place call raises its own error
+        out = self.sum(self._where(ADD_FUNCTIONS[func]), a.detach().clone() if inplace else a, b, (da, db), a)
+        return a.copy_(out) if inplace else out
+
+    def sum(self, what: str, a: Tensor, b: Tensor, depend: tuple[bool, bool], link: Tensor | None = None) -> Tensor:
+        """``a + b`` with the sum rule; `depend`: which sides depend on the input (the others absorb their share);
+        `link`: the tensor the graph runs through for `a` (the original of an in-place call's copy)."""
         a0, b0 = a.detach(), b.detach()
-        z = a0 + b0
-        call = RuleCall(self.entry(self._where(ADD_FUNCTIONS[func]), self.sum_rule), self.sum_rule, (a0, b0), z, None)
-        return _BroadcastSumFn.apply(a, b, call)
+        call = RuleCall(self.entry(what, self.sum_rule), self.sum_rule, (a0, b0), a0 + b0, depend)
+        return _BroadcastSumFn.apply(a if link is None else link, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
     def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
