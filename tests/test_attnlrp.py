@@ -678,3 +678,100 @@ def test_frozen_position_embedding_gets_the_sum_rule_share() -> None:
         got = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0)).attribute(x, target=0)
         # the score is the sum of z = x + p (a linear layer of ones: z_i carries relevance z_i), x's share is x_i
         torch.testing.assert_close(got, x, rtol=1e-15, atol=0)
+
+
+# -- attention written with einsum or baddbmm, and nn.MultiheadAttention's extra keys -------------------------------
+class StyledBlock(Block):
+    """`Block` with an additive attention bias (ALiBi-like: a constant) and its scores and mixing written as
+    ``@`` (the reference), ``torch.einsum``, or ``torch.baddbmm`` / ``torch.bmm`` (GPT-2's and Bloom's style)."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__(d=8, heads=2)
+        self.style = style
+        t = 5
+        self.register_buffer("bias", -0.3 * (torch.arange(t)[None, :] - torch.arange(t)[:, None]).abs().double())
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, d = x.shape
+        hd, scale = d // self.h, (d // self.h) ** -0.5
+        q, k, v = self.qkv(self.norm1(x)).reshape(n, t, 3, self.h, hd).permute(2, 0, 3, 1, 4)
+        if self.style == "matmul":
+            p = ((q @ k.transpose(-2, -1)) * scale + self.bias).softmax(-1)
+            o = p @ v
+        elif self.style == "einsum":
+            p = (torch.einsum("nhqd,nhkd->nhqk", q, k) * scale + self.bias).softmax(-1)
+            o = torch.einsum("nhqk,nhkd->nhqd", p, v)
+        else:
+            flat = lambda a: a.reshape(n * self.h, t, hd)  # noqa: E731
+            s = torch.baddbmm(self.bias.expand(n * self.h, t, t), flat(q), flat(k).transpose(1, 2), alpha=scale)
+            o = torch.bmm(s.softmax(-1), flat(v)).reshape(n, self.h, t, hd)
+        x = x + self.proj(o.transpose(1, 2).reshape(n, t, d))
+        x = x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        return self.head(x.mean(1))
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("style", ["einsum", "baddbmm"])
+def test_einsum_and_baddbmm_attention_equal_matmul(style: str, composite: str) -> None:
+    torch.manual_seed(11)
+    ref = StyledBlock("matmul").double()
+    model = StyledBlock(style).double()
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    # epsilon 0: the product's stabilizer sees the scaled scores in baddbmm (alpha) and the unscaled ones in the
+    # reference (scaled after), which with epsilon 1e-6 differ by 1e-6 relative
+    want = hv.LRP(ref, composite, epsilon=0.0).attribute(x, target=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every operation covered
+        lrp = hv.LRP(model, composite, epsilon=0.0)
+        got = lrp.attribute(x, target=1)
+    assert {"uniform", "softmax"} <= {e.rule for e in lrp.audit.entries}
+    # float64, the same rules; the scale enters the product's stabilized denominator in one form and is applied
+    # after it in the other: float64 rounding
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+
+
+class ExplicitBiasKV(nn.Module):
+    """nn.MultiheadAttention(add_bias_kv=True, add_zero_attn=True, batch_first=True) written out: the learned key
+    and value and then a zero key and value appended to every sequence's keys and values."""
+
+    def __init__(self, mha: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.inner = ExplicitMHA(mha)
+        self.bias_k, self.bias_v = mha.bias_k, mha.bias_v
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, need_weights: bool = False) -> tuple[Tensor, None]:
+        m = self.inner
+        n, t, e = query.shape
+        zero = torch.zeros(n, 1, e, dtype=query.dtype)
+        k = torch.cat([m.k(key), self.bias_k.expand(n, 1, e), zero], 1)
+        v = torch.cat([m.v(value), self.bias_v.expand(n, 1, e), zero], 1)
+        split = lambda a: a.reshape(n, a.shape[1], m.h, e // m.h).transpose(1, 2)  # noqa: E731
+        q, k, v = split(m.q(query)), split(k), split(v)
+        # q scaled first: the product's stabilizer then sees the same scaled scores as in the decomposed call
+        p = ((q * (e // m.h) ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+        return m.o((p @ v).transpose(1, 2).reshape(n, t, e)), None
+
+
+class MHABlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, add_bias_kv=True, add_zero_attn=True, batch_first=True)
+        self.norm, self.head = nn.LayerNorm(8), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(x)
+        return self.head((x + self.attn(h, h, h, need_weights=False)[0]).mean(1))
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+def test_multihead_attention_with_bias_kv_and_zero_attn_equals_explicit(composite: str) -> None:
+    torch.manual_seed(12)
+    model = MHABlock().double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    # the default epsilon: the zero key's scores are exactly 0, which epsilon 0 would divide by
+    fused = hv.LRP(model, composite).attribute(x, target=2)
+    model.attn = ExplicitBiasKV(model.attn)
+    explicit = hv.LRP(model, composite).attribute(x, target=2)
+    torch.testing.assert_close(fused, explicit, rtol=1e-9, atol=1e-12)  # float64 rounding, as above
+    assert float(fused.abs().max()) > 0

@@ -76,11 +76,6 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
     query, key, value = a["query"], a["key"], a["value"]
     if not any(ops.depends(t) for t in (query, key, value)):
         return NOT_HANDLED
-    if a["bias_k"] is not None or a["bias_v"] is not None or a["add_zero_attn"]:
-        raise TypeError(
-            f"LRP: {ops._where('nn.MultiheadAttention')} with add_bias_kv or add_zero_attn is not supported by "
-            "the attention rules"
-        )
     if a["static_k"] is not None or a["static_v"] is not None:
         raise TypeError("LRP: F.multi_head_attention_forward with static_k / static_v is not supported")
     unbatched = query.dim() == 2
@@ -98,11 +93,20 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
     where = ops._where("multi_head_attention")
     inputs = zip((query, key, value), ws, bs, "qkv", strict=True)
     q, k, v = (ops.linear(t, w, b, f"{where} in_proj {c}") for t, w, b, c in inputs)
+    attn_mask, padding = a["attn_mask"], a["key_padding_mask"]
+    if a["bias_k"] is not None and a["bias_v"] is not None:  # add_bias_kv: one more key and value, constants
+        k = torch.cat([k, a["bias_k"].repeat(1, n, 1)])
+        v = torch.cat([v, a["bias_v"].repeat(1, n, 1)])
+        attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
     q = q.reshape(n_q, n, h, d).permute(1, 2, 0, 3)  # (N, h, L, d)
     k = k.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
     v = v.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
-    mask = _mha_mask(a["attn_mask"], a["key_padding_mask"], n, h, n_q, n_k, q.dtype, q.device)
-    causal = bool(a["is_causal"]) and a["attn_mask"] is None
+    if a["add_zero_attn"]:  # a zero key and value at the end (after the biases, as PyTorch appends them)
+        zero = torch.zeros(n, h, 1, d, dtype=k.dtype, device=k.device)
+        k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2)
+        attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
+    mask = _mha_mask(attn_mask, padding, n, h, n_q, n_k, q.dtype, q.device)
+    causal = bool(a["is_causal"]) and attn_mask is None
     dropout = a["dropout_p"] if a["training"] else 0.0
     o, p = attend(ops, where, q, k, v, mask, dropout, causal, None, False)
     o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
@@ -112,6 +116,11 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
         weights = p.detach().mean(1) if a["average_attn_weights"] else p.detach()
         weights = weights.squeeze(0) if unbatched else weights
     return (out.squeeze(1) if unbatched else out), weights
+
+
+def _pad_key(mask: Tensor | None) -> Tensor | None:
+    """A mask over keys with one more key at the end, which takes part (False: not masked; 0.0: nothing added)."""
+    return None if mask is None else F.pad(mask, (0, 1))
 
 
 def _mha_mask(

@@ -40,7 +40,11 @@ class _SoftmaxFn(torch.autograd.Function):
 
 
 def _product(kind: str, a: Tensor, b: Tensor, scale: float) -> Tensor:
-    z = torch.matmul(a, b) if kind == "matmul" else torch.mul(a, b)
+    """`kind`: "matmul", "mul", or "einsum:<equation>" (a two-operand einsum: bilinear in its operands)."""
+    if kind.startswith("einsum:"):
+        z = torch.einsum(kind[7:], a, b)
+    else:
+        z = torch.matmul(a, b) if kind == "matmul" else torch.mul(a, b)
     return z if scale == 1.0 else z * scale
 
 
@@ -49,7 +53,7 @@ def _product_vjp(kind: str, a: Tensor, b: Tensor, scale: float, g: Tensor, wa: f
     products of 2-D or more operands and elementwise products (broadcast axes summed), autograd otherwise."""
     if scale != 1.0:
         g = g * scale
-    if kind == "mul" or (a.dim() >= 2 and b.dim() >= 2):
+    if kind == "mul" or (kind == "matmul" and a.dim() >= 2 and b.dim() >= 2):
         out = []
         if wa != 0:
             ga = g * b if kind == "mul" else g @ b.transpose(-2, -1)

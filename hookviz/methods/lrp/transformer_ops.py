@@ -35,6 +35,8 @@ MATMUL_FUNCTIONS: dict[Callable[..., Any], str] = {
     Tensor.bmm: "Tensor.bmm",
 }
 MUL_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.mul: "*", torch.mul: "torch.mul", Tensor.__rmul__: "*"}
+EINSUM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.einsum: "torch.einsum"}
+BADDBMM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.baddbmm: "torch.baddbmm", Tensor.baddbmm: "Tensor.baddbmm"}
 SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.softmax: "F.softmax",
     torch.softmax: "torch.softmax",
@@ -139,6 +141,8 @@ class TransformerOps:
             table.functions(ADD_FUNCTIONS, rule("sum", self._sum, lambda c: add(c.op, c.args, c.kwargs)))
             .functions(MATMUL_FUNCTIONS, rule("product", self._matmul))
             .functions(MUL_FUNCTIONS, rule("product", self._mul, affine_mul))
+            .functions(EINSUM_FUNCTIONS, rule("product", self._einsum))
+            .functions(BADDBMM_FUNCTIONS, rule("product", self._baddbmm))
             .functions(SOFTMAX_FUNCTIONS, rule("softmax", self._softmax))
             .functions({SDPA: "F.scaled_dot_product_attention"}, rule("attention", lambda f, a, k: sdpa(self, a, k)))
             .functions({MHA: "F.multi_head_attention_forward"}, rule("attention", lambda f, a, k: mha(self, a, k)))
@@ -223,6 +227,38 @@ class TransformerOps:
         if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or not (self.depends(a) or self.depends(b)):
             return NOT_HANDLED
         return self.product(self._where(MATMUL_FUNCTIONS[func]), a, b, "matmul")
+
+    def _einsum(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A two-operand einsum (``"bhqd,bhkd->bhqk"``: attention written with einsum) is bilinear: the product rule;
+        one operand or more than two: not covered (reported)."""
+        if not args or not isinstance(args[0], str) or kwargs:
+            return NOT_HANDLED
+        operands = tuple(args[1][0] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
+        if len(operands) != 2 or not all(isinstance(t, Tensor) for t in operands):
+            return NOT_HANDLED
+        a, b = operands
+        if not (self.depends(a) or self.depends(b)):
+            return NOT_HANDLED
+        return self.product(self._where("torch.einsum"), a, b, "einsum:" + args[0])
+
+    def _baddbmm(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``beta * input + alpha * (batch1 @ batch2)`` (GPT-2-style attention scores with a mask or bias in one
+        call): the product rule on the matrix product, the sum rule on the addition (a constant input absorbs its
+        share, as a mask does)."""
+        names = ("input", "batch1", "batch2")
+        bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+        if set(kwargs) - {*names, "beta", "alpha"} or len(args) > 3 or len(bound) != 3:
+            return NOT_HANDLED
+        c, a, b = bound["input"], bound["batch1"], bound["batch2"]
+        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+        if not (self.depends(a) or self.depends(b)):
+            return NOT_HANDLED
+        where = self._where(BADDBMM_FUNCTIONS[func])
+        z = self.product(f"{where} @", a, b, "matmul", float(alpha))
+        if beta == 0:
+            return z
+        c = c if beta == 1 else c * beta
+        return self.sum(f"{where} +", z, c, (True, self.depends(c)))
 
     def _mul(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if len(args) != 2 or kwargs:
