@@ -192,9 +192,12 @@ def _explain(
     targets: Any,
     labels: Sequence[str] | None,
     preprocess: Any,
+    weights: Any = None,
 ) -> list[Explanation]:
     """Run each (resolved) method over the images: one Explanation per method."""
-    return [method.visualize(images, targets, preprocess=preprocess, labels=labels) for method in methods]
+    return [
+        method.visualize(images, targets, preprocess=preprocess, weights=weights, labels=labels) for method in methods
+    ]
 
 
 def _as_explanations(items: Any) -> list[Explanation] | None:
@@ -426,7 +429,8 @@ def grid(
     mode: str | None = None,
     sign: str | None = None,
     title: str | None = None,
-    preprocess: Any = "imagenet",
+    preprocess: Any = "auto",
+    weights: Any = None,
     show_input: bool = True,
     alpha: float | None = None,
     rc: Mapping[str, Any] | None = None,
@@ -440,8 +444,9 @@ def grid(
             (a path, PIL image, numpy array, tensor batch, or a list of them) to explain with ``methods`` and
             ``model``. An Explanation with K targets per image (``multi_target``) gives K columns, one per target.
         methods: with images: registry names (``"gradcam"``, see `hookviz.METHODS`), `Attribution` instances or
-            classes. ``targets`` (any target form, e.g. an (N, K) tensor for K target columns), ``labels`` and
-            ``preprocess`` go to ``visualize``.
+            classes. ``targets`` (any target form, e.g. an (N, K) tensor for K target columns), ``labels``,
+            ``preprocess`` and ``weights`` go to ``visualize``: images are preprocessed as ``visualize`` does
+            (``"auto"``, the default: the model's own preprocessing, `hookviz.images.auto_preprocess`).
         labels: class names used in the default row/column labels (default: the Explanations' own labels).
         row_labels, col_labels: override the defaults (rows: the target class name or id; columns: the method
             name, or the target with K targets). ``col_labels`` names the map columns, or every column when it
@@ -478,7 +483,7 @@ def grid(
     # every option is checked before any method runs: a mistake costs no explanation
     exps = _as_explanations(items)
     if exps is None:
-        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
+        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess, weights)
     elif methods is not None or targets is not None:
         raise ValueError("methods= and targets= are for explaining images; items already holds Explanations")
     _check_same_images(exps)

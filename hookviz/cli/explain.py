@@ -33,8 +33,10 @@ models:
                               (torch.jit.save) is loaded with torch.jit.load; TorchScript modules take no hooks, so
                               only the gradient and perturbation methods work (saliency, input-x-gradient,
                               integrated-gradients, smoothgrad, occlusion, rise).
-  Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
-  with the ImageNet mean and std.
+  A PATH.pt model's images are preprocessed by the model's own rule, as in Python (visualize, grid: a preset the
+  model carries, a timm or Hugging Face config, else ImageNet); torchvision models without weights, and any model
+  given --size, are resized (shorter side) and center-cropped to --size and normalized with the ImageNet mean and
+  std.
 
 example:
   hookviz explain cat.jpg dog.jpg --model torchvision:resnet18:DEFAULT --method guided-backprop,gradcam --out fig.pdf

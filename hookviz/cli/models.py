@@ -212,5 +212,9 @@ def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
         return _torchvision_model(name, weights or args.weights, args.size)
     if args.weights is not None:
         raise UsageError("--weights applies to --model torchvision:NAME; a PATH.pt model carries its own weights")
+    from ..images import auto_preprocess
+
     model = _file_model(spec, args.device, args.trust_pickle)
-    return model, _preset(args.size or 224), None, ""
+    # the one preprocessing rule of every entry point: the model's own (hookviz.images.auto_preprocess), unless
+    # --size asks for another input size
+    return model, (auto_preprocess(model)[0] if args.size is None else _preset(args.size)), None, ""

@@ -17,8 +17,9 @@ from torch import Tensor, nn
 
 from .._modes import training_restored
 from .._present import present
+from ..classes import class_names
 from ..hooks import HookManager
-from ..images import auto_preprocess, describe_preprocess, load_images
+from ..images import choose_preprocess, load_images
 from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call, model_lock
@@ -146,11 +147,12 @@ class Attribution:
         Paths, PIL images, numpy arrays and uint8 tensors (``torchvision.io.read_image``: (C, H, W) or (N, C, H, W),
         scaled by 1/255) go through `preprocess`; float tensors are used as given. ``preprocess="auto"`` (default)
         uses the model's own preprocessing (`hookviz.images.auto_preprocess`: a preset the model carries, the
-        transforms of torchvision `weights`, a timm model's data config, else ImageNet); a preset name, a `Preset`
-        or any callable (e.g. ``weights.transforms()``) always wins. The choice is in the Explanation's
-        ``preprocess`` (and its repr). `weights`: a torchvision weights enum member: its ``transforms()`` and,
-        unless `labels` is given, its ``meta["categories"]``. `labels`: class names indexed by class id, or a
-        weights enum member. The `Explanation` shows itself in Jupyter.
+        transforms of torchvision `weights`, a timm model's data config, a Hugging Face model's config, else
+        ImageNet); a preset name, a `Preset` or any callable (e.g. ``weights.transforms()``) always wins. The choice
+        is in the Explanation's ``preprocess`` (and its repr). `weights`: a torchvision weights enum member: its
+        ``transforms()`` and, unless `labels` is given, its ``meta["categories"]``. `labels`: class names indexed
+        by class id, or a weights enum member; default: the names the model supplies (`hookviz.classes.class_names`:
+        the zoo's models, a Hugging Face ``config.id2label``). The `Explanation` shows itself in Jupyter.
 
         Token ids (an integer (N, T) tensor, with a method built with ``layer=``, e.g. the embedding) give a
         `hookviz.text.TokenExplanation` instead, with `vocab` (a list or a callable id -> str) naming the tokens:
@@ -177,10 +179,7 @@ class Attribution:
                 additional_forward_args=additional_forward_args,
                 forward_kwargs=forward_kwargs,
             )
-        if isinstance(preprocess, str) and preprocess == "auto":
-            preprocess, chosen = auto_preprocess(self.model, weights)
-        else:
-            chosen = f"given: {describe_preprocess(preprocess)}"
+        preprocess, chosen = choose_preprocess(self.model, preprocess, weights)
         batch = load_images(
             images,
             preprocess=preprocess,
@@ -203,7 +202,7 @@ class Attribution:
             scores=targets.scores.detach(),
             method=self.method_label,
             multi_target=targets.multi,
-            labels=labels if labels is not None else weights,
+            labels=labels if labels is not None else class_names(self.model, weights),
             display=dict(self.display_defaults),
             coverage=coverage,
             preprocess=chosen if batch.preprocess is not None else "none (float tensors are used as given)",
