@@ -395,14 +395,18 @@ def _columns(
     return columns
 
 
-def _shown(columns: list[_Column], normed: list[Tensor], images: Tensor) -> list[tuple[np.ndarray, str | None]]:
+def _shown(
+    columns: list[_Column], normed: list[Tensor], reduced: list[Tensor], images: Tensor
+) -> list[tuple[np.ndarray, str | None]]:
     """The pixels of each column, in torch on the maps' device, one cpu transfer per column: (N, H, W[, 3]), and
     the cmap of scalar maps (None for RGB maps and overlays)."""
     image_size = tuple(int(s) for s in images.shape[-2:])
     shown: list[tuple[np.ndarray, str | None]] = []
-    for c, v in zip(columns, normed, strict=True):
+    for c, v, r in zip(columns, normed, reduced, strict=True):
         if c.overlay:
-            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
+            # the opacity follows where the map is (Explanation.overlay's rule), each map on its own scale
+            weight = _display.magnitude(r, c.mode, percentile=c.percentile, sign=c.sign) if c.alpha_by_map else None
+            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map, weight=weight)
             shown.append((_hwc(over), None))
         elif v.shape[-3] == 1:
             shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
@@ -575,7 +579,7 @@ def _draw_grid(
 
     n, n_cols = len(images), len(columns) + int(show_input)
     reduced = [_display.reduce_channels(c.maps, c.reduce) for c in columns]
-    shown = _shown(columns, _normalize(columns, reduced, scale), images)
+    shown = _shown(columns, _normalize(columns, reduced, scale), reduced, images)
     cells = [(_hwc(images), None)] * int(show_input) + shown  # (pixels, colour map or None for RGB) per column
     rc_all = {**PAPER_RC, **(rc or {})}
     with rc_context(rc_all):
