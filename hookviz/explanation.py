@@ -454,13 +454,15 @@ class Explanation:
             bundle["image/png"] = buf.getvalue()
         return bundle
 
-    def show(self, **options: Any) -> None:
+    def show(self, *, colorbar: bool = False, **options: Any) -> None:
         """Display the explanation: inline when running under IPython/Jupyter, else in a matplotlib window.
 
         Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_mimebundle_`); elsewhere the `figure`
         is drawn on a pyplot figure and ``pyplot.show()`` opens it with the configured backend. ``options`` are
-        those of `figure` (including ``max_rows``) and override the display defaults.
+        those of `figure` (including ``max_rows``) and override the display defaults; ``colorbar`` adds `figure`'s
+        colour bar to the matplotlib window (the HTML view has none).
         """
+        bool_option("colorbar", colorbar)
         shown = self.with_display(**options) if options else self
         try:
             from IPython import get_ipython
@@ -472,7 +474,7 @@ class Explanation:
             return
         import matplotlib.pyplot as plt
 
-        panels = shown._panels("show", {})
+        panels = shown._panels("show", {}, colorbar)
         fig = plt.figure(figsize=_panels.figsize(panels))
         _panels.draw(fig, panels)
         plt.show()

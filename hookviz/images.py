@@ -34,7 +34,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor, nn
 from torchvision.transforms import InterpolationMode
 
-from .inputs import check_finite
+from .inputs import check_finite, expected_channels
 
 __all__ = [
     "IMAGENET",
@@ -194,6 +194,8 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 IMAGENET = Preset("imagenet", 256, 224, IMAGENET_MEAN, IMAGENET_STD)
 PRESETS: dict[str, Preset] = {"imagenet": IMAGENET, "none": Preset("none", None, None, None, None)}
+# ImageNet's geometry and its statistics averaged over the channels: the default for a 1-channel model
+IMAGENET_GRAY = Preset("imagenet-gray", 256, 224, (sum(IMAGENET_MEAN) / 3,), (sum(IMAGENET_STD) / 3,))
 
 
 class _TimmTransform:
@@ -320,7 +322,8 @@ def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Pre
     enum member) is given; a timm model's data config (``timm.data.resolve_data_config`` + ``create_transform``,
     when timm is installed and the model has a ``pretrained_cfg``); a Hugging Face image model's config
     (``config.image_size``, ``config.num_channels``, the mean/std its image processor class defaults to, see
-    `_hf_preprocess`); else the ImageNet preset.
+    `_hf_preprocess`); else the ImageNet preset (for a model whose first convolution takes one channel, with the
+    ImageNet mean and std averaged over the channels, `IMAGENET_GRAY`).
     """
     own = getattr(model, "hookviz_preset", None)
     if own is not None:
@@ -344,6 +347,8 @@ def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Pre
     hf = _hf_preprocess(model)
     if hf is not None:
         return hf
+    if expected_channels(model) == 1:
+        return IMAGENET_GRAY, f"default for a 1-channel model: {describe_preprocess(IMAGENET_GRAY)}"
     return IMAGENET, f"default: {describe_preprocess(IMAGENET)}"
 
 
@@ -700,9 +705,12 @@ def load_images(
                 f"to feed another channel count"
             )
         if isinstance(transform, Preset) and transform.mean is not None and len(transform.mean) not in (1, channels):
+            # visualize passes the model's channel count here, so the fix is a preset that fits it, not channels=
             raise ValueError(
-                f"preprocess: preset {transform.name!r} normalizes {len(transform.mean)} channels but channels="
-                f"{channels}; pass channels={len(transform.mean)} or a Preset with {channels} (or 1) mean/std values"
+                f"preprocess: preset {transform.name!r} normalizes {len(transform.mean)} channels but the images are "
+                f"loaded with channels={channels}; pass a Preset with one mean/std value per channel or a single one "
+                f"for all, e.g. Preset({transform.name!r}, {transform.resize}, {transform.crop}, "
+                f"({sum(transform.mean) / len(transform.mean):.3f},), ({sum(transform.std) / len(transform.std):.3f},))"
             )
 
     model_parts: list[Tensor] = []

@@ -8,6 +8,8 @@ model exactly as it was, in a ``finally``. Subclasses implement `_run` (and usua
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -45,12 +47,38 @@ def register(name: str) -> Callable[[type[Attribution]], type[Attribution]]:
     return deco
 
 
+def _spelling(name: str) -> str:
+    """A method name without case, spaces, hyphens or underscores: "Grad-CAM", "grad_cam" and "gradcam" agree."""
+    return re.sub(r"[\s_\-]+", "", name.lower().replace("\u00d7", "x"))
+
+
+def suggest_method(name: str) -> str | None:
+    """The registry name `name` most likely means, or None: the one spelled the same but for case, spaces, hyphens
+    and underscores (``"Grad-CAM"``, the figures' spelling, -> ``"gradcam"``), a class name (``"GuidedBackprop"``
+    -> ``"guided-backprop"``), else the closest such spelling (`difflib`, ratio >= 0.75)."""
+    if not isinstance(name, str):
+        return None
+    spellings: dict[str, str] = {}
+    for key in METHODS:
+        spellings.setdefault(_spelling(key), key)
+    for key, cls in METHODS.items():
+        spellings.setdefault(_spelling(cls.__name__), key)
+    wanted = _spelling(name)
+    if wanted in spellings:
+        return spellings[wanted]
+    close = difflib.get_close_matches(wanted, list(spellings), n=1, cutoff=0.75)
+    return spellings[close[0]] if close else None
+
+
 def get_method(name: str) -> type[Attribution]:
-    """The attribution class registered under `name` (e.g. ``"guided-backprop"``, ``"gradcam"``)."""
+    """The attribution class registered under `name` (e.g. ``"guided-backprop"``, ``"gradcam"``); an unknown name
+    raises ValueError with the name it most likely means (`suggest_method`) and the registry."""
     try:
         return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}") from None
+    except (KeyError, TypeError):
+        close = suggest_method(name)
+        hint = f"did you mean {close!r}? " if close is not None else ""
+        raise ValueError(f"unknown method {name!r}; {hint}available: {', '.join(sorted(METHODS))}") from None
 
 
 class Attribution:
@@ -175,7 +203,7 @@ class Attribution:
                 images,
                 target,
                 vocab=vocab,
-                labels=labels if labels is not None else weights,
+                labels=labels if labels is not None else class_names(self.model, weights),
                 additional_forward_args=additional_forward_args,
                 forward_kwargs=forward_kwargs,
             )
