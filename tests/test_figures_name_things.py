@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import hookviz as hv
 from hookviz.zoo import CLASSES, shapes, shapes_model
@@ -105,3 +106,16 @@ def test_guided_backprop_overlay_of_a_real_map(model, images):
     over = e.overlay()
     same = (over == e._rgb_images()).all(1, keepdim=True)
     assert bool(same[zero].all())  # on main every pixel was tinted with alpha 0.5
+
+
+def test_grid_with_torchvision_weights_names_their_categories(tmp_path):
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    torch.manual_seed(0)
+    model = resnet18(weights=None).eval()  # the weights' names and transforms, without downloading the weights
+    path = tmp_path / "image.png"
+    Image.fromarray((np.random.default_rng(0).random((40, 50, 3)) * 255).astype(np.uint8)).save(path)
+    weights = ResNet18_Weights.IMAGENET1K_V1
+    fig = hv.grid([str(path)], ["saliency"], model=model, targets=1, weights=weights)
+    assert fig.axes[0].get_ylabel() == "goldfish"  # class 1 of weights.meta["categories"]
+    assert fig.axes[0].images[0].get_array().shape[:2] == (224, 224)  # weights.transforms(): crop 224

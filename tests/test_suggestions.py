@@ -98,3 +98,11 @@ def test_preset_channel_mismatch_suggests_a_preset_that_fits(tmp_path):
     assert "load_images" not in str(info.value)
     suggested = eval(re.search(r"e\.g\. (Preset\(.*\))$", str(info.value)).group(1), {"Preset": hv.Preset})  # noqa: S307
     assert hv.Saliency(_net(1)).visualize(str(path), preprocess=suggested).inputs.shape == (1, 1, 224, 224)
+
+
+def test_cli_suggests_by_the_same_rule():
+    from hookviz.cli.common import UsageError, _parse_methods
+
+    with pytest.raises(UsageError, match=r"unknown method 'Grad-CAM'; did you mean 'gradcam'\? available: "):
+        _parse_methods("saliency,Grad-CAM")  # on main: no suggestion for the figures' spelling
+    assert _parse_methods("saliency,gradcam") == ["saliency", "gradcam"]
