@@ -19,6 +19,7 @@ Checks of a batch against a model (channels, rank, dtype, device) are in `hookvi
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -254,6 +255,7 @@ def describe_preprocess(preprocess: Any) -> str:
     return text if len(text) <= 160 else type(preprocess).__name__
 
 
+@functools.lru_cache(maxsize=32)  # one processor built per model type, not per call
 def _processor_stats(model_type: str) -> tuple[tuple[float, ...], tuple[float, ...], str] | None:
     """(mean, std, processor class name): the defaults of the Hugging Face image processor registered for
     `model_type` (e.g. ``ViTImageProcessor``: 0.5, 0.5); None when transformers has none for it."""
