@@ -128,3 +128,7 @@ def test_cli_model_file_uses_the_models_own_rule(model, tmp_path):
     assert preprocess == model.hookviz_preset  # on main: a 224 px ImageNet preset
     args.size = 96  # --size still asks for another input size
     assert _load_model(args)[1].crop == 96
+    # a torchvision model without weights: ImageNet's preset, as visualize and grid give it (main: resize 224)
+    args = argparse.Namespace(model="torchvision:resnet18", weights=None, size=None, device="cpu", trust_pickle=False)
+    model, preprocess, _, _ = _load_model(args)
+    assert preprocess == hv.auto_preprocess(model)[0] == hv.IMAGENET
