@@ -1,6 +1,7 @@
 """Every method on the architectures users bring: timm families, torchvision's classifiers, Hugging Face BERT and ViT.
 
     python benchmarks/arch_sweep.py [--only NAME ...] [--subset] [--out benchmarks/results/architectures.md]
+    python benchmarks/arch_sweep.py --column METHOD [--only NAME ...]   # one column of the table run again
 
 Random weights (nothing is downloaded: timm ``pretrained=False``, torchvision ``weights=None``, transformers from a
 config), one small variant per family, seed 0, one input per architecture (small sizes where the family takes
@@ -413,6 +414,43 @@ def table(results: dict[str, dict[str, Any]], methods: list[str], archs: dict[st
     return "\n".join(lines) + "\n"
 
 
+def rerun_column(path: Path, method: str, archs: dict[str, Arch], only: list[str] | None = None) -> str:
+    """Run `method` alone again on every architecture row of the table at `path` (or the rows in `only`) and return
+    the table with that column's cells replaced (and a row's "model untouched" cell, should the method now change
+    the model); the other columns are kept as they were written."""
+    lines = path.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| architecture |"))
+    names = [c.strip() for c in lines[header].strip("|").split("|")]
+    col, untouched_col = names.index(method), names.index("model untouched")
+    for i in range(header + 2, len(lines)):
+        if not lines[i].startswith("| "):
+            break
+        cells = [c.strip() for c in lines[i].strip("|").split("|")]
+        arch = archs.get(cells[0])
+        if arch is None or (only and cells[0] not in only):
+            continue
+        start = time.perf_counter()
+        torch.manual_seed(0)
+        model = arch.build().eval()
+        live_head(model)
+        x = (
+            arch.tokens
+            if arch.tokens is not None
+            else torch.randn(1, 3, arch.size, arch.size, generator=torch.Generator().manual_seed(1))
+        )
+        snap = snapshot(model)
+        try:
+            cells[col] = run_cell(hv.METHODS[method](model, **OPTIONS.get(method, lambda size: {})(arch.size)), x, arch)
+        except Exception as exc:  # the table records failures, it does not stop on them
+            cells[col] = f"✗ {type(exc).__name__}: {' '.join(str(exc).split())[:70]}…"
+        diff = changed(model, snap)
+        if diff is not None:
+            cells[untouched_col] = f"✗ {method}: {diff}"
+        lines[i] = "| " + " | ".join(cells) + " |"
+        print(f"{arch.name:34s} {method:22s} {cells[col][:60]:60s} {time.perf_counter() - start:6.1f} s", flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="architecture names to run (default: all)")
@@ -422,10 +460,21 @@ def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], help="methods left out (e.g. scorecam: one masked forward per channel)"
     )
+    parser.add_argument(
+        "--column",
+        default=None,
+        metavar="METHOD",
+        help="run only METHOD again on the rows of the table already in --out and replace that column's cells",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     archs = {a.name: a for a in (subset_archs() if args.subset else all_archs())}
+    if args.column is not None:
+        if args.column not in hv.METHODS:
+            parser.error(f"--column: unknown method {args.column!r}; available: {sorted(hv.METHODS)}")
+        Path(args.out).write_text(rerun_column(Path(args.out), args.column, archs, args.only))
+        return
     names = args.only or list(archs)
     unknown = set(args.skip) - set(hv.METHODS)
     if unknown:

@@ -39,6 +39,7 @@ __all__ = [
     "EmptyMapWarning",
     "apply_sign",
     "colormap",
+    "magnitude",
     "normalize",
     "normalize_bounds",
     "overlay",
@@ -431,16 +432,25 @@ def resize(x: Tensor, size: tuple[int, int]) -> Tensor:
     return out.reshape(*lead, *out.shape[-3:])
 
 
-def overlay(image: Tensor, heat: Tensor, alpha: float = 0.5, cmap: str = "jet", alpha_by_map: bool = False) -> Tensor:
+def overlay(
+    image: Tensor,
+    heat: Tensor,
+    alpha: float = 0.5,
+    cmap: str = "jet",
+    alpha_by_map: bool = False,
+    *,
+    weight: Tensor | None = None,
+) -> Tensor:
     """Blend a coloured heat map over an image, in [0, 1].
 
     ``image``: ``(..., 3, H, W)`` in [0, 1]; ``heat``: ``(..., 1, h, w)`` in [0, 1], upsampled bilinearly to (H, W).
     Leading axes broadcast, e.g. images ``(N, 1, 3, H, W)`` with heat ``(N, K, 1, h, w)``.
 
-    The per-pixel opacity is ``w = alpha`` (default), or ``w = alpha * heat`` with ``alpha_by_map=True``, so pixels
+    The per-pixel opacity is ``w = alpha`` (default), or ``w = alpha * weight`` with ``alpha_by_map=True``, so pixels
     with little attribution stay transparent and the image shows through: ``(1 - w) * image + w * colormap(heat)``.
-    ``alpha_by_map`` suits non-negative maps (0 = nothing); on signed maps drawn around 0.5 a zero would be half
-    opaque.
+    ``weight`` (shaped like ``heat``, in [0, 1]; default ``heat``) is where the map is: `magnitude` gives it for any
+    map (0 exactly where the attribution is 0, also for signed maps drawn around 0.5 and maps normalized around
+    their mean, where ``heat`` would be half opaque at 0).
     """
     _check_tensor(image, "image")
     _check_tensor(heat, "heat")
@@ -448,13 +458,51 @@ def overlay(image: Tensor, heat: Tensor, alpha: float = 0.5, cmap: str = "jet", 
     bool_option("alpha_by_map", alpha_by_map)
     _check_map_layout(image, "image", channels=3)
     _check_map_layout(heat, "heat", channels=1)
+    if weight is not None:
+        _check_tensor(weight, "weight")
+        if weight.shape != heat.shape:
+            raise ValueError(f"weight must have the shape of heat {tuple(heat.shape)}, got {tuple(weight.shape)}")
     if image.device != heat.device:
         raise ValueError(f"image and heat must be on the same device, got {image.device} and {heat.device}")
     img = _as_float(image)
-    heat = resize(heat, tuple(img.shape[-2:])).to(img.dtype)
+    size = tuple(img.shape[-2:])
+    heat = resize(heat, size).to(img.dtype)
     colored = colormap(heat, cmap).to(img.dtype)
-    w = alpha * heat.nan_to_num(0.0).clamp(0.0, 1.0) if alpha_by_map else alpha
+    if alpha_by_map:
+        opacity = heat if weight is None else resize(weight, size).to(img.dtype)
+        w = alpha * opacity.nan_to_num(0.0).clamp(0.0, 1.0)
+    else:
+        w = alpha
     return ((1 - w) * img + w * colored).clamp(0.0, 1.0)
+
+
+def magnitude(
+    attr: Tensor,
+    mode: str = "percentile",
+    *,
+    sample_dims: int = 1,
+    percentile: float | None = None,
+    sign: str = "all",
+    scale: str = "sample",
+) -> Tensor:
+    """Where a map is, for an overlay's opacity (`overlay`'s ``weight``): ``|apply_sign(attr, sign)|`` on [0, 1],
+    exactly 0 where the attribution is 0 whatever the display's normalization.
+
+    With a mode whose scale starts at 0 (``"absmax"``, ``"percentile"``, ``"mass"``) it is that mode on the
+    magnitudes (`normalize` with ``sign="absolute"``, same `percentile` and `scale`); modes that place 0 elsewhere
+    (``"minmax"``: at the minimum, ``"seed"``: around the mean) use ``"percentile"`` (|a| over its 99th percentile,
+    clipped at 1), so one outlier does not make the rest of the map transparent. Same shape as `attr`.
+    """
+    a = apply_sign(attr, sign)
+    zero_based = mode in ("absmax", "percentile", "mass")
+    return normalize(
+        a,
+        mode if zero_based else "percentile",
+        sample_dims=sample_dims,
+        percentile=percentile if zero_based else None,
+        sign="absolute",
+        scale=scale,
+    )
 
 
 def to_uint8(x: Tensor) -> Tensor:

@@ -308,9 +308,10 @@ class Explanation:
     ) -> Tensor:
         """The normalized 1-channel map, coloured, over `images`: ``(N, [K], 3, H, W)`` in [0, 1].
 
-        ``alpha`` (default 0.5) is the map's opacity; with ``alpha_by_map`` it is ``alpha * map`` per pixel, so
-        weak attributions stay transparent (`hookviz.display.overlay`). Multi-channel maps are first reduced with
-        ``reduce``, else ``"max-abs"``. The other options are those of `normalized`.
+        ``alpha`` (default 0.5) is the map's opacity; with ``alpha_by_map`` it is ``alpha`` times the map's
+        magnitude per pixel (`hookviz.display.magnitude`: 0 where the attribution is 0), so the image shows through
+        wherever the map is not (Guided Backprop and Deconvnet overlay this way by default). Multi-channel maps are
+        first reduced with ``reduce``, else ``"max-abs"``. The other options are those of `normalized`.
         """
         o = self._options(
             "overlay",
@@ -327,16 +328,41 @@ class Explanation:
         if reduce is None and self.attribution.shape[-3] != 1:
             reduce = "max-abs"
         heat = self.normalized(o["mode"], reduce, sign=o["sign"], scale=o["scale"], percentile=o["percentile"])
+        weight = None
+        if o["alpha_by_map"]:
+            weight = _display.magnitude(
+                _display.reduce_channels(self.attribution.detach(), reduce),
+                o["mode"],
+                sample_dims=2 if self.multi_target else 1,
+                percentile=o["percentile"],
+                sign=o["sign"],
+                scale=o["scale"],
+            )
         images = self._rgb_images()
         if self.multi_target:
             images = images.unsqueeze(1)  # broadcast over K
-        return _display.overlay(images, heat, o["alpha"], o["cmap"], alpha_by_map=o["alpha_by_map"])
+        return _display.overlay(images, heat, o["alpha"], o["cmap"], alpha_by_map=o["alpha_by_map"], weight=weight)
 
     # ---------------------------------------------------------------- pixels (cpu)
 
-    def _panels(self, where: str, options: dict[str, Any]) -> _panels.Panels:
-        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels."""
+    def _panels(self, where: str, options: dict[str, Any], colorbar: bool = False) -> _panels.Panels:
+        """The rows a figure or HTML view draws: ``(sample, target)`` pairs, column titles and uint8 HWC pixels;
+        with `colorbar`, the colour bar of the column drawn through a colour map (the map's, else the overlay's)."""
+        bool_option("colorbar", colorbar)
         o = self._options(where, **options)
+        bar = None
+        if colorbar:
+            reduce = o["reduce"]
+            if reduce is None and self.attribution.shape[-3] not in (1, 3):
+                reduce = "max-abs"  # as heatmap
+            scalar_map = reduce is not None or self.attribution.shape[-3] == 1
+            if not (scalar_map or o["overlay"]):
+                raise ValueError(
+                    f"{where}(colorbar=True): the map has {self.attribution.shape[-3]} channels drawn as RGB and "
+                    "no overlay is drawn, so no colour map is shown to explain; pass reduce='max-abs' (one channel "
+                    "through the colour map) or overlay=True"
+                )
+            bar = _panels.colorbar_for(o["cmap"], o["mode"], o["sign"])
         if len(self) == 0:
             raise ValueError(f"cannot draw an empty Explanation (N=0) with {where}()")
         k = self.num_targets
@@ -369,20 +395,27 @@ class Explanation:
             labels=self.labels,
             multi_target=self.multi_target,
             header=repr(self),
+            colorbar=bar,
         )
 
-    def figure(self, max_rows: int | None = None, **options: Any) -> Figure:
+    def figure(self, max_rows: int | None = None, *, colorbar: bool = False, **options: Any) -> Figure:
         """A matplotlib Figure, one row per (sample[, target]): image | map | overlay (no pyplot, no display needed).
 
         The image column shows `images`, the inputs as a person sees them (de-normalized when the preprocessing is
-        known). ``options`` (keys among `DISPLAY_KEYS`: ``mode``, ``reduce``, ``sign``, ``scale``, ``percentile``,
-        ``cmap``, ``alpha``, ``alpha_by_map``, ``overlay``) override the method's `display` defaults. The overlay
-        column is left out when ``overlay`` is False. Rows beyond ``max_rows`` (default ``display["max_rows"]``,
-        else 8) are not drawn; with ``scale="shared"`` the scale still comes from the whole batch.
+        known). Each row is titled with the target (its class name when `labels` has one) and its score, labelled:
+        ``logit 10.2`` for a class target (the model's output for that class, which the map explains; not a
+        probability), ``score`` for a callable target (`hookviz.panels.score_text`). ``options`` (keys among
+        `DISPLAY_KEYS`: ``mode``, ``reduce``, ``sign``, ``scale``, ``percentile``, ``cmap``, ``alpha``,
+        ``alpha_by_map``, ``overlay``) override the method's `display` defaults. The overlay column is left out when
+        ``overlay`` is False. Rows beyond ``max_rows`` (default ``display["max_rows"]``, else 8) are not drawn; with
+        ``scale="shared"`` the scale still comes from the whole batch. ``colorbar=True`` adds a colour bar labelled
+        with what the colours mean (`hookviz.panels.colorbar_for`: "signed relevance" with 0 at the centre for
+        signed maps, "normalised magnitude" otherwise, "standardised value" for ``mode="seed"``); a map drawn as
+        RGB without an overlay has no colour map and is refused.
         """
         from matplotlib.figure import Figure
 
-        panels = self._panels("figure", {"max_rows": max_rows, **options})
+        panels = self._panels("figure", {"max_rows": max_rows, **options}, colorbar)
         fig = Figure(figsize=_panels.figsize(panels))
         _panels.draw(fig, panels)
         return fig
@@ -421,13 +454,15 @@ class Explanation:
             bundle["image/png"] = buf.getvalue()
         return bundle
 
-    def show(self, **options: Any) -> None:
+    def show(self, *, colorbar: bool = False, **options: Any) -> None:
         """Display the explanation: inline when running under IPython/Jupyter, else in a matplotlib window.
 
         Under IPython this is ``IPython.display.display(exp)`` (which uses `_repr_mimebundle_`); elsewhere the `figure`
         is drawn on a pyplot figure and ``pyplot.show()`` opens it with the configured backend. ``options`` are
-        those of `figure` (including ``max_rows``) and override the display defaults.
+        those of `figure` (including ``max_rows``) and override the display defaults; ``colorbar`` adds `figure`'s
+        colour bar to the matplotlib window (the HTML view has none).
         """
+        bool_option("colorbar", colorbar)
         shown = self.with_display(**options) if options else self
         try:
             from IPython import get_ipython
@@ -439,7 +474,7 @@ class Explanation:
             return
         import matplotlib.pyplot as plt
 
-        panels = shown._panels("show", {})
+        panels = shown._panels("show", {}, colorbar)
         fig = plt.figure(figsize=_panels.figsize(panels))
         _panels.draw(fig, panels)
         plt.show()
@@ -447,8 +482,8 @@ class Explanation:
     def save(self, path: str | PathLike[str], dpi: float = 150, **options: Any) -> Path:
         """Save `figure` to ``path``; the format comes from the suffix (`SAVE_FORMATS`); returns the Path.
 
-        ``options`` are those of `figure` (``max_rows`` and the display options). Missing parent directories are
-        created, as `hookviz.save_figure` does.
+        ``options`` are those of `figure` (``max_rows``, ``colorbar`` and the display options). Missing parent
+        directories are created, as `hookviz.save_figure` does.
         """
         path = Path(path)
         fmt = save_format(path)

@@ -192,9 +192,12 @@ def _explain(
     targets: Any,
     labels: Sequence[str] | None,
     preprocess: Any,
+    weights: Any = None,
 ) -> list[Explanation]:
     """Run each (resolved) method over the images: one Explanation per method."""
-    return [method.visualize(images, targets, preprocess=preprocess, labels=labels) for method in methods]
+    return [
+        method.visualize(images, targets, preprocess=preprocess, weights=weights, labels=labels) for method in methods
+    ]
 
 
 def _as_explanations(items: Any) -> list[Explanation] | None:
@@ -392,14 +395,18 @@ def _columns(
     return columns
 
 
-def _shown(columns: list[_Column], normed: list[Tensor], images: Tensor) -> list[tuple[np.ndarray, str | None]]:
+def _shown(
+    columns: list[_Column], normed: list[Tensor], reduced: list[Tensor], images: Tensor
+) -> list[tuple[np.ndarray, str | None]]:
     """The pixels of each column, in torch on the maps' device, one cpu transfer per column: (N, H, W[, 3]), and
     the cmap of scalar maps (None for RGB maps and overlays)."""
     image_size = tuple(int(s) for s in images.shape[-2:])
     shown: list[tuple[np.ndarray, str | None]] = []
-    for c, v in zip(columns, normed, strict=True):
+    for c, v, r in zip(columns, normed, reduced, strict=True):
         if c.overlay:
-            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map)
+            # the opacity follows where the map is (Explanation.overlay's rule), each map on its own scale
+            weight = _display.magnitude(r, c.mode, percentile=c.percentile, sign=c.sign) if c.alpha_by_map else None
+            over = _display.overlay(images, v, alpha=c.alpha, cmap=c.cmap, alpha_by_map=c.alpha_by_map, weight=weight)
             shown.append((_hwc(over), None))
         elif v.shape[-3] == 1:
             shown.append((_hwc(_display.resize(v, image_size))[..., 0], c.cmap))
@@ -426,7 +433,8 @@ def grid(
     mode: str | None = None,
     sign: str | None = None,
     title: str | None = None,
-    preprocess: Any = "imagenet",
+    preprocess: Any = "auto",
+    weights: Any = None,
     show_input: bool = True,
     alpha: float | None = None,
     rc: Mapping[str, Any] | None = None,
@@ -440,8 +448,9 @@ def grid(
             (a path, PIL image, numpy array, tensor batch, or a list of them) to explain with ``methods`` and
             ``model``. An Explanation with K targets per image (``multi_target``) gives K columns, one per target.
         methods: with images: registry names (``"gradcam"``, see `hookviz.METHODS`), `Attribution` instances or
-            classes. ``targets`` (any target form, e.g. an (N, K) tensor for K target columns), ``labels`` and
-            ``preprocess`` go to ``visualize``.
+            classes. ``targets`` (any target form, e.g. an (N, K) tensor for K target columns), ``labels``,
+            ``preprocess`` and ``weights`` go to ``visualize``: images are preprocessed as ``visualize`` does
+            (``"auto"``, the default: the model's own preprocessing, `hookviz.images.auto_preprocess`).
         labels: class names used in the default row/column labels (default: the Explanations' own labels).
         row_labels, col_labels: override the defaults (rows: the target class name or id; columns: the method
             name, or the target with K targets). ``col_labels`` names the map columns, or every column when it
@@ -478,7 +487,7 @@ def grid(
     # every option is checked before any method runs: a mistake costs no explanation
     exps = _as_explanations(items)
     if exps is None:
-        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess)
+        exps = _explain(items, _resolve_methods(methods, model), targets, labels, preprocess, weights)
     elif methods is not None or targets is not None:
         raise ValueError("methods= and targets= are for explaining images; items already holds Explanations")
     _check_same_images(exps)
@@ -570,7 +579,7 @@ def _draw_grid(
 
     n, n_cols = len(images), len(columns) + int(show_input)
     reduced = [_display.reduce_channels(c.maps, c.reduce) for c in columns]
-    shown = _shown(columns, _normalize(columns, reduced, scale), images)
+    shown = _shown(columns, _normalize(columns, reduced, scale), reduced, images)
     cells = [(_hwc(images), None)] * int(show_input) + shown  # (pixels, colour map or None for RGB) per column
     rc_all = {**PAPER_RC, **(rc or {})}
     with rc_context(rc_all):

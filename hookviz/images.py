@@ -19,10 +19,11 @@ Checks of a batch against a model (channels, rank, dtype, device) are in `hookvi
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor, nn
 from torchvision.transforms import InterpolationMode
 
-from .inputs import check_finite
+from .inputs import check_finite, expected_channels
 
 __all__ = [
     "IMAGENET",
@@ -46,6 +47,7 @@ __all__ = [
     "Preprocess",
     "Preset",
     "auto_preprocess",
+    "choose_preprocess",
     "describe_preprocess",
     "load_images",
 ]
@@ -193,6 +195,8 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 IMAGENET = Preset("imagenet", 256, 224, IMAGENET_MEAN, IMAGENET_STD)
 PRESETS: dict[str, Preset] = {"imagenet": IMAGENET, "none": Preset("none", None, None, None, None)}
+# ImageNet's geometry and its statistics averaged over the channels: the default for a 1-channel model
+IMAGENET_GRAY = Preset("imagenet-gray", 256, 224, (sum(IMAGENET_MEAN) / 3,), (sum(IMAGENET_STD) / 3,))
 
 
 class _TimmTransform:
@@ -251,13 +255,77 @@ def describe_preprocess(preprocess: Any) -> str:
     return text if len(text) <= 160 else type(preprocess).__name__
 
 
-def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Preprocess, str]:
-    """The preprocessing `model` expects, and how it was found (what ``visualize(preprocess="auto")`` uses).
+@functools.lru_cache(maxsize=32)  # one processor built per model type, not per call
+def _processor_stats(model_type: str) -> tuple[tuple[float, ...], tuple[float, ...], str] | None:
+    """(mean, std, processor class name): the defaults of the Hugging Face image processor registered for
+    `model_type` (e.g. ``ViTImageProcessor``: 0.5, 0.5); None when transformers has none for it."""
+    try:
+        from transformers.models.auto import image_processing_auto as auto
+    except ImportError:
+        return None
+    names = auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if isinstance(names, Mapping):  # transformers 5: {"pil": ..., "torchvision": ...}
+        names = names.get("pil") or names.get("torchvision") or next(iter(names.values()), None)
+    elif isinstance(names, (tuple, list)):  # transformers 4: (slow, fast)
+        names = next((n for n in names if n), None)
+    if not isinstance(names, str):
+        return None
+    try:
+        processor = auto.get_image_processor_class_from_name(names)()
+        mean, std = processor.image_mean, processor.image_std
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std), names
+    except Exception:  # noqa: BLE001 - a processor that cannot be built with its defaults names no statistics
+        return None
 
-    In order: a preset the model carries (``model.hookviz_preset``: a `Preset` or a callable; the shapes model of
-    `hookviz.zoo` carries its 64x64, [0, 1] one); torchvision weights' ``transforms()`` when `weights` (a weights
+
+# transformers' IMAGENET_STANDARD_MEAN / _STD, what most of its image processors default to
+_HF_STANDARD = (0.5, 0.5, 0.5)
+
+
+def _hf_preprocess(model: nn.Module) -> tuple[Preset, str] | None:
+    """A Hugging Face image model's own preprocessing, from its config: ``image_size`` (the side the patch and
+    position embeddings are built for) and ``num_channels``, normalised with the mean and std its image processor
+    class defaults to (`_processor_stats`; 0.5 / 0.5, transformers' standard, when there is none).
+
+    Geometry: resize the shorter side to ``image_size``, then a center crop; the same pixels as the processors'
+    direct resize to ``image_size`` x ``image_size`` for square images (a non-square image is cropped, not
+    squashed). None for a model without such a config."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "image_size", None)
+    if config is None or size is None or not hasattr(config, "model_type"):
+        return None
+    if isinstance(size, (tuple, list)) and len(size) == 2 and size[0] == size[1]:
+        size = size[0]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"model.config.image_size is {size!r}; hookviz reads a square side (an int) from it for "
+            f"preprocess='auto'; pass preprocess= yourself (a Preset or a callable (C, H, W) -> (C, H, W))"
+        )
+    channels = getattr(config, "num_channels", 3)
+    found = _processor_stats(str(config.model_type))
+    mean, std, source = found if found is not None else (_HF_STANDARD, _HF_STANDARD, "transformers' standard")
+    if len(mean) != channels or len(std) != channels:
+        # another channel count than the processor's statistics: one value for every channel (their average)
+        mean, std = (sum(mean) / len(mean),), (sum(std) / len(std),)
+    preset = Preset(f"{config.model_type} config", size, size, mean, std)
+    return preset, (
+        f"the model's config (image_size {size}, num_channels {channels}; mean/std of {source}): "
+        f"{describe_preprocess(preset)}"
+    )
+
+
+def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Preprocess, str]:
+    """The preprocessing `model` expects, and how it was found: the one rule of ``preprocess="auto"``, the default
+    of every entry point that takes images (`visualize`, `hookviz.grid`, `hookviz.explain_dataset` and
+    `hookviz.report` given image files, the command line).
+
+    In order: a preset the model carries (``model.hookviz_preset``: a `Preset` or a callable; the shapes models of
+    `hookviz.zoo` carry their 64x64, [0, 1] one); torchvision weights' ``transforms()`` when `weights` (a weights
     enum member) is given; a timm model's data config (``timm.data.resolve_data_config`` + ``create_transform``,
-    when timm is installed and the model has a ``pretrained_cfg``); else the ImageNet preset.
+    when timm is installed and the model has a ``pretrained_cfg``); a Hugging Face image model's config
+    (``config.image_size``, ``config.num_channels``, the mean/std its image processor class defaults to, see
+    `_hf_preprocess`); else the ImageNet preset (for a model whose first convolution takes one channel, with the
+    ImageNet mean and std averaged over the channels, `IMAGENET_GRAY`).
     """
     own = getattr(model, "hookviz_preset", None)
     if own is not None:
@@ -278,7 +346,20 @@ def auto_preprocess(model: nn.Module, weights: Any = None) -> tuple[Preset | Pre
     timm_transform = _timm_preprocess(model)
     if timm_transform is not None:
         return timm_transform, repr(timm_transform)
+    hf = _hf_preprocess(model)
+    if hf is not None:
+        return hf
+    if expected_channels(model) == 1:
+        return IMAGENET_GRAY, f"default for a 1-channel model: {describe_preprocess(IMAGENET_GRAY)}"
     return IMAGENET, f"default: {describe_preprocess(IMAGENET)}"
+
+
+def choose_preprocess(model: nn.Module, preprocess: Any = "auto", weights: Any = None) -> tuple[Any, str]:
+    """(what to pass to `load_images` as ``preprocess``, a line saying what it is): `auto_preprocess` for
+    ``"auto"``, else `preprocess` as given (a preset name, a `Preset`, a callable or None)."""
+    if isinstance(preprocess, str) and preprocess == "auto":
+        return auto_preprocess(model, weights)
+    return preprocess, f"given: {describe_preprocess(preprocess)}"
 
 
 @dataclass
@@ -626,9 +707,12 @@ def load_images(
                 f"to feed another channel count"
             )
         if isinstance(transform, Preset) and transform.mean is not None and len(transform.mean) not in (1, channels):
+            # visualize passes the model's channel count here, so the fix is a preset that fits it, not channels=
             raise ValueError(
-                f"preprocess: preset {transform.name!r} normalizes {len(transform.mean)} channels but channels="
-                f"{channels}; pass channels={len(transform.mean)} or a Preset with {channels} (or 1) mean/std values"
+                f"preprocess: preset {transform.name!r} normalizes {len(transform.mean)} channels but the images are "
+                f"loaded with channels={channels}; pass a Preset with one mean/std value per channel or a single one "
+                f"for all, e.g. Preset({transform.name!r}, {transform.resize}, {transform.crop}, "
+                f"({sum(transform.mean) / len(transform.mean):.3f},), ({sum(transform.std) / len(transform.std):.3f},))"
             )
 
     model_parts: list[Tensor] = []

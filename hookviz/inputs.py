@@ -71,14 +71,16 @@ def check_channels(model: nn.Module, x: Tensor, where: str = "x") -> None:
     if found is None or expected is None or got == expected:
         return
     name, conv = found
-    if expected in (1, 3):
-        hint = (
-            f"convert grayscale images to 3 channels or pass channels={expected} to load_images"
-            if expected == 3
-            else f"convert the images to grayscale: pass channels={expected} to load_images"
-        )
+    # the fix names what the caller has, a tensor (float tensors reach every method unchanged), not a loader it may
+    # never have called; each suggested expression gives the channel count expected
+    if got == 1:
+        hint = f"repeat its one channel: x.expand(-1, {expected}, *x.shape[2:])"
+    elif expected == 1:
+        hint = "average its channels to one: x.mean(dim=1, keepdim=True) (or weight them, e.g. as luma)"
+    elif got == expected + 1 == 4:
+        hint = "drop its 4th (alpha) channel: x[:, :3]"
     else:
-        hint = f"build a {expected}-channel tensor yourself (load_images passes tensors through unchanged)"
+        hint = f"give it the {expected} channels the model was trained on"
     raise ValueError(
         f"{where} has {got} channels (shape {tuple(x.shape)}) but the model's first convolution "
         f"{name or '<model>'!r} ({conv}) expects {expected}; {hint}"

@@ -41,6 +41,42 @@ class Panels:
     labels: Sequence[str] | None = None  # class names indexed by class id
     multi_target: bool = False  # K targets per sample: rows name the target too
     header: str = ""  # a line above the HTML table (the explanation's repr)
+    colorbar: ColorBar | None = None  # a colour bar beside the rows (figures only)
+
+
+@dataclass(frozen=True)
+class ColorBar:
+    """A colour bar from 0 to 1 of the normalized maps: the colour map, what the colours mean, ticks and their
+    labels (`colorbar_for`)."""
+
+    cmap: str
+    label: str
+    ticks: tuple[float, ...]
+    tick_labels: tuple[str, ...]
+
+
+def colorbar_for(cmap: str, mode: str, sign: str) -> ColorBar:
+    """What the colours of maps normalized with `mode` and `sign` (`hookviz.display.normalize`) mean.
+
+    Signed maps on a scale centred at 0 (sign ``"all"`` with ``"absmax"``, ``"percentile"``, ``"mass"``, drawn on a
+    diverging map): "signed relevance", 0 at the centre; ``"seed"``: a standardised value, the mean at the centre and
+    5 standard deviations at the ends; otherwise a "normalised magnitude" from 0 (``"minmax"``: the minimum) to the
+    maximum (or the clip point of ``"percentile"`` and ``"mass"``)."""
+    if mode == "seed":
+        return ColorBar(cmap, "standardised value", (0.0, 0.5, 1.0), ("\u22125\u03c3", "mean", "+5\u03c3"))
+    if sign == "all" and mode in ("absmax", "percentile", "mass"):
+        return ColorBar(cmap, "signed relevance", (0.0, 0.5, 1.0), ("\u2212", "0", "+"))
+    return ColorBar(cmap, "normalised magnitude", (0.0, 1.0), ("min" if mode == "minmax" else "0", "max"))
+
+
+def score_text(score: float, class_id: int | None, digits: int = 3) -> str:
+    """A target's score, labelled with what it is, the one rule of every figure and view: ``logit 10.2`` for a
+    class target (the model's output for that class, what the attribution explains; not a probability), ``score
+    0.93`` for a callable target (whatever it returned)."""
+    value = f"{score:.{digits}g}"
+    if value.lstrip("-").isdigit():
+        value += ".0"  # 10.0, not 10: a logit is not a count
+    return f"{'score' if class_id is None else 'logit'} {value}"
 
 
 def target_title(class_id: int | None, labels: Sequence[str] | None, *, with_id: bool = False) -> str:
@@ -54,18 +90,34 @@ def target_title(class_id: int | None, labels: Sequence[str] | None, *, with_id:
 
 
 def draw(fig: Figure, panels: Panels) -> None:
-    """Draw the panels on `fig`: one row of axes per panel row, titled with the target and score."""
+    """Draw the panels on `fig`: one row of axes per panel row, titled with the target and its labelled score
+    (`score_text`), and ``panels.colorbar`` beside the rows when set."""
+    if panels.colorbar is not None:
+        fig.set_layout_engine("constrained")  # makes room for the colour bar; tight_layout cannot
     axes = fig.subplots(len(panels.rows), len(panels.columns), squeeze=False)
     for r, (i, j) in enumerate(panels.rows):
-        target = target_title(None if panels.targets is None else panels.targets[i][j], panels.labels)
-        titles = [f"{target}  score {panels.scores[i][j]:.3g}"] + [name for name, _ in panels.columns[1:]]
+        class_id = None if panels.targets is None else panels.targets[i][j]
+        target = target_title(class_id, panels.labels)
+        titles = [f"{target}  {score_text(panels.scores[i][j], class_id)}"] + [name for name, _ in panels.columns[1:]]
         for c, (_, pixels) in enumerate(panels.columns):
             ax = axes[r, c]
             ax.imshow(pixels[i, j], interpolation="nearest")
             ax.set_title(titles[c], fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.tight_layout()
+    if panels.colorbar is None:
+        fig.tight_layout()
+        return
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    bar = panels.colorbar
+    cb = fig.colorbar(
+        ScalarMappable(norm=Normalize(0.0, 1.0), cmap=bar.cmap), ax=axes.ravel().tolist(), fraction=0.04, pad=0.02
+    )
+    cb.set_ticks(list(bar.ticks), labels=list(bar.tick_labels))
+    cb.set_label(bar.label, fontsize=9)
+    cb.ax.tick_params(labelsize=8)
 
 
 def figsize(panels: Panels) -> tuple[float, float]:
@@ -81,7 +133,7 @@ def html_table(panels: Panels) -> str:
         class_id = None if panels.targets is None else panels.targets[i][j]
         target = target_title(class_id, panels.labels, with_id=True)
         sample = f"sample {i}" + (f", target {j}" if panels.multi_target else "")
-        info = f"{sample}<br><b>{html.escape(target)}</b><br>score {panels.scores[i][j]:.4g}"
+        info = f"{sample}<br><b>{html.escape(target)}</b><br>{score_text(panels.scores[i][j], class_id, 4)}"
         cells = "".join(
             f'<td><img src="{_png_data_uri(pixels[i, j])}" alt="{html.escape(name)}" width="{_HTML_WIDTH}" '
             'style="image-rendering: pixelated"></td>'

@@ -23,7 +23,7 @@ from ._checks import int_option, number_option
 from ._formats import save_format
 from ._present import presenter
 from .explanation import resolve_labels
-from .panels import target_title
+from .panels import score_text, target_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -157,7 +157,9 @@ class TokenExplanation:
                     f'padding: 1px 3px; margin: 1px; border-radius: 3px">{html.escape(w)}</span>'
                 )
             head = f"sample {i}" + (f", target {j}" if self.multi_target else "")
-            info = f"{head}: <b>{html.escape(self._target_title(i, j))}</b>, score {float(self.scores[i, j]):.4g}"
+            class_id = None if self.targets is None else int(self.targets[i, j])
+            score = score_text(float(self.scores[i, j]), class_id, 4)
+            info = f"{head}: <b>{html.escape(self._target_title(i, j))}</b>, {score}"
             lines.append(
                 f'<div style="margin: 4px 0"><div>{info}</div>'
                 f'<div style="line-height: 1.9">{"".join(spans)}</div></div>'

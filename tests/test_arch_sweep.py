@@ -48,3 +48,16 @@ def test_automatic_cam_matches_reference_and_model_untouched(name: str) -> None:
     assert all(cell.startswith("ok") for cell in result["cells"].values()), result
     if name in EXPECTED_LAYOUT:
         assert result["layout"] == EXPECTED_LAYOUT[name]
+
+
+def test_rerun_column_replaces_only_that_column(tmp_path: Path) -> None:
+    # a table written by an old run, with a stale cell in one column (as lrp-epsilon-gamma-box's ImportError was)
+    name = next(iter(ARCHS))
+    path = tmp_path / "table.md"
+    header = "| architecture | size | auto CAM | layer | layout | model untouched | gradcam | saliency |"
+    row = f"| {name} | 64 | ok | `x` | nchw | ok | ✗ stale: kept as it is | ✗ ImportError: stale |"
+    path.write_text(f"intro\n\n{header}\n|---|---|---|---|---|---|---|---|\n{row}\n\nnotes\n")
+    text = sweep.rerun_column(path, "saliency", ARCHS)
+    lines = text.splitlines()
+    assert lines[4] == f"| {name} | 64 | ok | `x` | nchw | ok | ✗ stale: kept as it is | ok |"
+    assert lines[:4] == path.read_text().splitlines()[:4] and lines[5:] == ["", "notes"]

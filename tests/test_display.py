@@ -21,6 +21,7 @@ from hookviz.display import (
     EmptyMapWarning,
     apply_sign,
     colormap,
+    magnitude,
     normalize,
     normalize_bounds,
     overlay,
@@ -545,6 +546,27 @@ def test_overlay_alpha_by_map_formula():
     torch.testing.assert_close(overlay(image, small, alpha=alpha, alpha_by_map=True), expected)
     with pytest.raises(TypeError, match="alpha_by_map must be a bool, got str"):
         overlay(image, heat, alpha_by_map="yes")
+
+
+def test_overlay_weight_and_magnitude():
+    image = torch.rand(2, 3, 8, 8, generator=_gen(40))
+    heat = torch.full((2, 1, 8, 8), 0.5)  # a signed map's 0, drawn at the middle of the colour map
+    attr = torch.randn(2, 1, 8, 8, generator=_gen(41))
+    attr[..., :4] = 0
+    w = magnitude(attr, "seed")  # seed places 0 near the mean: the opacity falls back to |a| over its 99th percentile
+    q = torch.quantile(attr.abs().flatten(1), 0.99, dim=1).view(-1, 1, 1, 1)
+    torch.testing.assert_close(w, (attr.abs() / (q + 1e-8)).clamp(0, 1))
+    out = overlay(image, heat, 0.8, alpha_by_map=True, weight=w)
+    torch.testing.assert_close(out[..., :4], image[..., :4], rtol=0, atol=0)  # transparent where the map is 0
+    torch.testing.assert_close(out, (1 - 0.8 * w) * image + 0.8 * w * colormap(heat))
+    # a mode whose scale starts at 0 keeps its own scale: absmax is |a| / max|a|
+    m = attr.abs().flatten(1).amax(1).view(-1, 1, 1, 1)
+    torch.testing.assert_close(magnitude(attr, "absmax"), attr.abs() / (m + 1e-8))
+    torch.testing.assert_close(
+        magnitude(attr, "absmax", sign="positive"), attr.clamp_min(0) / (attr.amax((1, 2, 3), keepdim=True) + 1e-8)
+    )
+    with pytest.raises(ValueError, match=r"weight must have the shape of heat \(2, 1, 8, 8\), got \(2, 1, 4, 4\)"):
+        overlay(image, heat, alpha_by_map=True, weight=torch.zeros(2, 1, 4, 4))
 
 
 def test_overlay_hand_values():

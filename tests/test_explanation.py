@@ -163,8 +163,12 @@ def test_heatmap_and_overlay_options():
     torch.testing.assert_close(out, hv_display.overlay(e.images, heat, 0.7, "magma", alpha_by_map=True))
     # alpha and alpha_by_map can be display defaults too
     d = make(1, "layer", display={"alpha": 0.7, "alpha_by_map": True, "cmap": "magma"})
+    # minmax places 0 at the minimum, so the opacity is |a| over its 99th percentile per sample (display.magnitude)
+    a = d.attribution.abs()
+    q = torch.quantile(a.flatten(1), 0.99, dim=1).view(-1, 1, 1, 1)
+    weight = (a / (q + 1e-8)).clamp(0, 1)
     torch.testing.assert_close(
-        d.overlay(), hv_display.overlay(d.images, d.normalized(), 0.7, "magma", alpha_by_map=True)
+        d.overlay(), hv_display.overlay(d.images, d.normalized(), 0.7, "magma", alpha_by_map=True, weight=weight)
     )
     with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\], got 2"):
         e.overlay(alpha=2)
@@ -222,11 +226,13 @@ def test_figure_axes(k, kind, max_rows, display, n_axes):
 def test_figure_titles():
     e = make(1, "input", targets=torch.tensor([[17], [3]]), scores=torch.tensor([[1.23456], [-0.5]]))
     titles = [ax.get_title() for ax in e.figure().axes]
-    assert titles[:3] == ["class 17  score 1.23", "GuidedBackprop", "overlay"]
-    assert titles[3] == "class 3  score -0.5"
+    # a class target's score is the model's output for that class: labelled a logit (issue 27)
+    assert titles[:3] == ["class 17  logit 1.23", "GuidedBackprop", "overlay"]
+    assert titles[3] == "class 3  logit -0.5"
     named = make(1, "input", targets=torch.tensor([[7], [3]]), labels=LABELS).figure().axes[0].get_title()
-    assert named.startswith("label7  score ")
-    assert make(targets=None).figure().axes[0].get_title().startswith("custom target")
+    assert named.startswith("label7  logit ")
+    custom = make(targets=None, scores=torch.tensor([[10.0], [2.0]])).figure().axes[0].get_title()
+    assert custom == "custom target  score 10.0"  # a callable's value is a score, written 10.0 rather than 10
 
 
 def test_figure_errors():
@@ -291,7 +297,7 @@ def test_labels_from_torchvision_weights():
 
     e = make(1, "input", targets=torch.tensor([[0], [1]]), labels=ResNet18_Weights.IMAGENET1K_V1)
     assert len(e.labels) == 1000 and e.labels[:2] == ("tench", "goldfish")
-    assert e.figure().axes[0].get_title().startswith("tench  score ")
+    assert e.figure().axes[0].get_title().startswith("tench  logit ")
     assert "<b>tench (class 0)</b>" in e._repr_html_()
     assert e[1].labels is e.labels
 
@@ -339,7 +345,7 @@ def test_repr_html(k, kind, display, n_img):
     out = e._repr_html_()
     assert out.count(_IMG) == n_img
     assert "&lt;label1&gt; (class 1)" in out and "<label1>" not in out  # names are escaped
-    assert f"score {e.scores[0, 0].item():.4g}" in out
+    assert f"logit {e.scores[0, 0].item():.4g}" in out
     assert "sample 1, target 2" in out if k > 1 else "sample 1<br>" in out
     uri = re.search(r'src="data:image/png;base64,([^"]+)"', out).group(1)
     img = Image.open(io.BytesIO(base64.b64decode(uri)))

@@ -249,7 +249,7 @@ ROWS: list[Row] = [
     ("grid-no-model", lambda e: hv.grid(e.x, methods=["saliency"]), ValueError,
      r"method 'saliency' needs model=: pass the nn.Module to explain"),
     ("grid-unknown-method", lambda e: hv.grid(e.x, methods=["saliency", "gradcamm"], model=e.model), ValueError,
-     r"unknown method 'gradcamm'; available: .*gradcam"),
+     r"unknown method 'gradcamm'; did you mean 'gradcam'\? available: .*gradcam"),
     ("grid-cmap", lambda e: hv.grid(e.x, methods=["saliency"], model=e.model, cmap="jte"), ValueError,
      r"cmap 'jte' is not a matplotlib colour map; did you mean 'jet'\?"),
     ("grid-empty", lambda e: hv.grid([]), ValueError,

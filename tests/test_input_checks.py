@@ -210,7 +210,11 @@ def test_decompression_bomb_in_hookviz_explain_is_one_line(bomb: str, tmp_path, 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"methods": ["saliency", "gradcamm"]}, ValueError, r"unknown method 'gradcamm'; available: .*gradcam"),
+        (
+            {"methods": ["saliency", "gradcamm"]},
+            ValueError,
+            r"unknown method 'gradcamm'; did you mean 'gradcam'\? available: .*gradcam",
+        ),
         ({"methods": ["saliency", 3]}, TypeError, r"methods must hold registry names \(str\), .* got int"),
         ({"methods": ["saliency"], "cmap": "jte"}, ValueError, r"cmap 'jte' is not a matplotlib colour map.*'jet'"),
         ({"methods": ["saliency"], "rc": {"font.sizee": 3}}, ValueError, r"rc: 'font.sizee' is not a matplotlib .*"

@@ -494,7 +494,9 @@ def test_cuda_device(rgb_array: np.ndarray) -> None:
             np.zeros((4, 4), np.uint8),
             {"channels": 1},
             ValueError,
-            r"preset 'imagenet' normalizes 3 channels but channels=1; pass channels=3",
+            r"preset 'imagenet' normalizes 3 channels but the images are loaded with channels=1; pass a Preset with "
+            r"one mean/std value per channel or a single one for all, e.g. Preset\('imagenet', 256, 224, \(0\.449,\), "
+            r"\(0\.226,\)\)",
         ),
         (np.full((4, 4), 255.0), {}, ValueError, r"found values in \[255, 255\]; divide by 255 .* or pass a tensor"),
         (np.full((4, 4), -0.5), {}, ValueError, r"float numpy images must lie in \[0, 1\], found .*-0\.5"),
@@ -560,12 +562,12 @@ def test_check_channels() -> None:
     with pytest.raises(
         ValueError,
         match=r"x has 1 channels \(shape \(2, 1, 8, 8\)\) but the model's first convolution '0' \(Conv2d\(3, 4, .*\)\) "
-        r"expects 3; convert grayscale images to 3 channels or pass channels=3 to load_images",
+        r"expects 3; repeat its one channel: x\.expand\(-1, 3, \*x\.shape\[2:\]\)$",
     ):
         check_channels(net, torch.zeros(2, 1, 8, 8))
-    with pytest.raises(ValueError, match=r"expects 1; convert the images to grayscale: pass channels=1"):
+    with pytest.raises(ValueError, match=r"expects 1; average its channels to one: x\.mean\(dim=1, keepdim=True\)"):
         check_channels(_net(1), torch.zeros(1, 3, 8, 8))
-    with pytest.raises(ValueError, match=r"expects 5; build a 5-channel tensor yourself"):
+    with pytest.raises(ValueError, match=r"expects 5; give it the 5 channels the model was trained on"):
         check_channels(_net(5), torch.zeros(1, 3, 8, 8))
     check_channels(nn.Linear(3, 2), torch.zeros(2, 7))  # no convolution: nothing to check
     with pytest.raises(TypeError, match=r"x: expected a tensor \(N, C, \.\.\.\), got ndarray"):

@@ -33,6 +33,7 @@ LAYERS: list[str] = [
     "hookviz.targets",
     "hookviz.inputs",
     "hookviz.images",
+    "hookviz.classes",
     "hookviz.layouts",
     # the shapes data set, its model and weights (they use only the foundation and images)
     "hookviz.zoo.data",
@@ -93,6 +94,7 @@ LAYERS: list[str] = [
     "hookviz.metrics",
     "hookviz.dataset.distributed",
     "hookviz.dataset.store",
+    "hookviz.dataset.files",
     "hookviz.dataset.source",
     "hookviz.dataset.run",
     "hookviz.dataset",

@@ -281,7 +281,7 @@ def test_gradcam_layer_errors() -> None:
 
 def test_input_errors() -> None:
     model = make("resnet18")
-    with pytest.raises(ValueError, match=r"inputs has 1 channels .* expects 3; convert grayscale images"):
+    with pytest.raises(ValueError, match=r"inputs has 1 channels .* expects 3; repeat its one channel"):
         Saliency(model).attribute(torch.ones(1, 1, 32, 32))
     with pytest.raises(TypeError, match="floating-point"):
         Saliency(model).attribute(torch.ones(1, 3, 32, 32, dtype=torch.uint8))
@@ -337,5 +337,8 @@ def test_caller_tensor_untouched() -> None:
 def test_registry() -> None:
     assert hv.get_method("guided-backprop") is GuidedBackprop
     assert hv.get_method("gradcam") is GradCAM
-    with pytest.raises(ValueError, match=r"unknown method 'gradkam'; available: .*\bgradcam, .*guided-backprop"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown method 'gradkam'; did you mean 'gradcam'\? available: .*\bgradcam, .*guided-backprop",
+    ):
         hv.get_method("gradkam")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,15 +21,15 @@ def _parse_device(spec: str) -> torch.device:
 
 
 def _parse_methods(spec: str, flag: str = "--method") -> list[str]:
-    from ..methods import METHODS
+    from ..methods import METHODS, suggest_method
 
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise UsageError(f"{flag}: expected a method name or comma-separated names, got {spec!r}")
     for name in names:
         if name not in METHODS:
-            close = difflib.get_close_matches(name, list(METHODS), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            close = suggest_method(name)  # the rule of hookviz.get_method: "Grad-CAM" -> gradcam
+            hint = f"did you mean {close!r}? " if close is not None else ""
             raise UsageError(f"unknown method {name!r}; {hint}available: {', '.join(sorted(METHODS))}")
     return names
 

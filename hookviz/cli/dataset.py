@@ -18,7 +18,8 @@ manifest.json; read them back with hookviz.load_explanations(OUT).
 
 data:
   DIR                         a folder of images, one class per sub-folder (torchvision ImageFolder); labels are the
-                              sub-folder indices in sorted order; images are resized and center-cropped to --size
+                              sub-folder indices in sorted order; images are preprocessed as the model's own rule says
+                              (as in Python), or resized and center-cropped to --size
   shapes:N                    N images of the embedded shapes data set (hookviz.zoo.ShapesDataset(N, seed=--seed));
                               --model defaults to the embedded shapes model (hookviz.zoo.shapes_model()); --model
                               vit is the embedded shapes ViT (hookviz.zoo.shapes_vit())
@@ -157,7 +158,7 @@ def add_parser(sub: Any) -> None:
     ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")
     ds.add_argument("--trust-pickle", action="store_true", help="as in explain: full unpickling of --model PATH.pt")
     ds.add_argument("--target", default=None, metavar="T", help="a class index, 'label' or 'top' (default: top)")
-    ds.add_argument("--size", type=int, default=None, metavar="S", help="image size for a folder (default: 224)")
+    ds.add_argument("--size", type=int, default=None, metavar="S", help="folder image size (default: the model's own)")
     ds.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: %(default)s)")
     ds.add_argument("--num-workers", type=int, default=0, metavar="W", help="DataLoader workers (default: 0)")
     ds.add_argument("--shard-size", type=int, default=1024, metavar="S", help="items per shard (default: 1024)")

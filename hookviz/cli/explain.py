@@ -33,8 +33,9 @@ models:
                               (torch.jit.save) is loaded with torch.jit.load; TorchScript modules take no hooks, so
                               only the gradient and perturbation methods work (saliency, input-x-gradient,
                               integrated-gradients, smoothgrad, occlusion, rise).
-  Without weights' own transforms, images are resized (shorter side) and center-cropped to --size and normalized
-  with the ImageNet mean and std.
+  Images are preprocessed by the model's own rule, as in Python (visualize, grid): the weights' transforms(), a
+  preset the model carries, a timm or Hugging Face config, else ImageNet's (resize 256, center crop 224); with
+  --size they are resized (shorter side) and center-cropped to --size and normalized with the ImageNet mean and std.
 
 example:
   hookviz explain cat.jpg dog.jpg --model torchvision:resnet18:DEFAULT --method guided-backprop,gradcam --out fig.pdf
@@ -165,7 +166,7 @@ def add_parser(sub: Any) -> None:
         help="for torchvision:NAME: a local state_dict file, or a weights enum member such as IMAGENET1K_V1",
     )
     ex.add_argument(
-        "--size", type=int, default=None, metavar="S", help="input size in pixels (default: 224, or the weights')"
+        "--size", type=int, default=None, metavar="S", help="input size in pixels (default: the model's own)"
     )
     ex.add_argument("--labels", default=None, metavar="FILE", help="class names, one per line (row/column labels)")
     ex.add_argument("--dpi", type=float, default=300, metavar="D", help="figure resolution (default: %(default)s)")

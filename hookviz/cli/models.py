@@ -45,6 +45,14 @@ def _preset(size: int) -> Any:
     return Preset(f"cli-{size}", size, size, IMAGENET_MEAN, IMAGENET_STD)
 
 
+def _own_or_size(model: nn.Module, size: int | None) -> Any:
+    """The one preprocessing rule of every entry point, the model's own (`hookviz.images.auto_preprocess`, as
+    `visualize` and `grid` use it), unless --size asks for another input size."""
+    from ..images import auto_preprocess
+
+    return auto_preprocess(model)[0] if size is None else _preset(size)
+
+
 def _load_state_dict(path: str) -> dict[str, torch.Tensor]:
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
@@ -97,7 +105,7 @@ def _torchvision_model(name: str, weights: str | None, size: int | None) -> tupl
                 + f", {len(unexpected)} unexpected key(s)"
                 + (f" (first {unexpected[0]!r})" if unexpected else "")
             )
-        return model, _preset(size or 224), None, f"weights from {weights}"
+        return model, _own_or_size(model, size), None, f"weights from {weights}"
 
     if weights is not None:
         enum = models.get_model_weights(name)
@@ -117,7 +125,7 @@ def _torchvision_model(name: str, weights: str | None, size: int | None) -> tupl
         f"note: torchvision:{name} has RANDOM weights (weights=None, seed 0), so the maps show the mechanics, not "
         f"learned evidence; use torchvision:{name}:DEFAULT for pretrained weights"
     )
-    return model, _preset(size or 224), None, note
+    return model, _own_or_size(model, size), None, note
 
 
 def _is_torchscript(path: str) -> bool:
@@ -213,4 +221,4 @@ def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
     if args.weights is not None:
         raise UsageError("--weights applies to --model torchvision:NAME; a PATH.pt model carries its own weights")
     model = _file_model(spec, args.device, args.trust_pickle)
-    return model, _preset(args.size or 224), None, ""
+    return model, _own_or_size(model, args.size), None, ""

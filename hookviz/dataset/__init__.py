@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .files import ImageFiles
 from .run import explain_dataset, model_fingerprint
 from .store import ExplanationStore
 
@@ -18,4 +19,4 @@ def load_explanations(out: str | os.PathLike[str]) -> ExplanationStore:
     return ExplanationStore(out)
 
 
-__all__ = ["ExplanationStore", "explain_dataset", "load_explanations", "model_fingerprint"]
+__all__ = ["ExplanationStore", "ImageFiles", "explain_dataset", "load_explanations", "model_fingerprint"]

@@ -34,6 +34,7 @@ from ..methods.base import Attribution
 from ..targets import Targets
 from . import store as _store
 from .distributed import World, current_world, process_group
+from .files import ImageFiles, is_image_list
 from .source import describe_data
 from .store import DTYPES, MANIFEST, ExplanationStore
 
@@ -373,7 +374,9 @@ def explain_dataset(
             device.
         data: a map-style `Dataset` yielding image tensors (C, H, W) or ``(image, label, ...)`` tuples, or a
             `DataLoader` over one (its batch size, workers and collate_fn are used; items are stored in data set
-            order whatever its sampler).
+            order whatever its sampler), or a list of image paths (PIL images, numpy arrays): read as
+            `hookviz.dataset.ImageFiles` with the model's own preprocessing, the rule of `visualize`
+            (`hookviz.images.auto_preprocess`).
         out: a directory (created if missing) for ``shard-*.safetensors`` and ``manifest.json``.
         target: None (each item's top class), an int (one class for all), ``"label"`` (the data set's labels) or a
             callable ``f(output) -> (N,)`` scores.
@@ -413,6 +416,8 @@ def explain_dataset(
     if not isinstance(report, (bool, str, os.PathLike)):
         raise TypeError(f"report must be a bool or a folder path, got {type(report).__name__}")
     spec = _target_spec(target)
+    if is_image_list(data):  # image files: preprocessed as visualize and grid do (the model's own rule)
+        data = ImageFiles(data, method.model)
     src = _source(data, batch_size, num_workers, needs_labels=spec["kind"] == "label")
     _check_dataset_kwargs(forward_kwargs, len(src.dataset))
     job = _Job(method, src, spec, target, _check_out(out), len(src.dataset), shard_size, dtype, forward_kwargs)

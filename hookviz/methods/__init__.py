@@ -1,7 +1,7 @@
 """Attribution methods, one file per family, all over the life cycle in `base`."""
 
 from .attention import AttentionRollout, GradientRollout, RolloutAttribution
-from .base import METHODS, Attribution, get_method, register
+from .base import METHODS, Attribution, get_method, register, suggest_method
 from .cam import (
     CAMAttribution,
     GradCAM,
@@ -62,4 +62,5 @@ __all__ = [
     "choose_layer",
     "get_method",
     "register",
+    "suggest_method",
 ]

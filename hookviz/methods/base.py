@@ -8,6 +8,8 @@ model exactly as it was, in a ``finally``. Subclasses implement `_run` (and usua
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -17,8 +19,9 @@ from torch import Tensor, nn
 
 from .._modes import training_restored
 from .._present import present
+from ..classes import class_names
 from ..hooks import HookManager
-from ..images import auto_preprocess, describe_preprocess, load_images
+from ..images import choose_preprocess, load_images
 from ..inputs import check_model_inputs, expected_channels, model_device
 from ..targets import BackwardStrategy, Targets, TargetSpec, check_target
 from .scope import active_call, model_lock
@@ -44,12 +47,38 @@ def register(name: str) -> Callable[[type[Attribution]], type[Attribution]]:
     return deco
 
 
+def _spelling(name: str) -> str:
+    """A method name without case, spaces, hyphens or underscores: "Grad-CAM", "grad_cam" and "gradcam" agree."""
+    return re.sub(r"[\s_\-]+", "", name.lower().replace("\u00d7", "x"))
+
+
+def suggest_method(name: str) -> str | None:
+    """The registry name `name` most likely means, or None: the one spelled the same but for case, spaces, hyphens
+    and underscores (``"Grad-CAM"``, the figures' spelling, -> ``"gradcam"``), a class name (``"GuidedBackprop"``
+    -> ``"guided-backprop"``), else the closest such spelling (`difflib`, ratio >= 0.75)."""
+    if not isinstance(name, str):
+        return None
+    spellings: dict[str, str] = {}
+    for key in METHODS:
+        spellings.setdefault(_spelling(key), key)
+    for key, cls in METHODS.items():
+        spellings.setdefault(_spelling(cls.__name__), key)
+    wanted = _spelling(name)
+    if wanted in spellings:
+        return spellings[wanted]
+    close = difflib.get_close_matches(wanted, list(spellings), n=1, cutoff=0.75)
+    return spellings[close[0]] if close else None
+
+
 def get_method(name: str) -> type[Attribution]:
-    """The attribution class registered under `name` (e.g. ``"guided-backprop"``, ``"gradcam"``)."""
+    """The attribution class registered under `name` (e.g. ``"guided-backprop"``, ``"gradcam"``); an unknown name
+    raises ValueError with the name it most likely means (`suggest_method`) and the registry."""
     try:
         return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(sorted(METHODS))}") from None
+    except (KeyError, TypeError):
+        close = suggest_method(name)
+        hint = f"did you mean {close!r}? " if close is not None else ""
+        raise ValueError(f"unknown method {name!r}; {hint}available: {', '.join(sorted(METHODS))}") from None
 
 
 class Attribution:
@@ -146,11 +175,12 @@ class Attribution:
         Paths, PIL images, numpy arrays and uint8 tensors (``torchvision.io.read_image``: (C, H, W) or (N, C, H, W),
         scaled by 1/255) go through `preprocess`; float tensors are used as given. ``preprocess="auto"`` (default)
         uses the model's own preprocessing (`hookviz.images.auto_preprocess`: a preset the model carries, the
-        transforms of torchvision `weights`, a timm model's data config, else ImageNet); a preset name, a `Preset`
-        or any callable (e.g. ``weights.transforms()``) always wins. The choice is in the Explanation's
-        ``preprocess`` (and its repr). `weights`: a torchvision weights enum member: its ``transforms()`` and,
-        unless `labels` is given, its ``meta["categories"]``. `labels`: class names indexed by class id, or a
-        weights enum member. The `Explanation` shows itself in Jupyter.
+        transforms of torchvision `weights`, a timm model's data config, a Hugging Face model's config, else
+        ImageNet); a preset name, a `Preset` or any callable (e.g. ``weights.transforms()``) always wins. The choice
+        is in the Explanation's ``preprocess`` (and its repr). `weights`: a torchvision weights enum member: its
+        ``transforms()`` and, unless `labels` is given, its ``meta["categories"]``. `labels`: class names indexed
+        by class id, or a weights enum member; default: the names the model supplies (`hookviz.classes.class_names`:
+        the zoo's models, a Hugging Face ``config.id2label``). The `Explanation` shows itself in Jupyter.
 
         Token ids (an integer (N, T) tensor, with a method built with ``layer=``, e.g. the embedding) give a
         `hookviz.text.TokenExplanation` instead, with `vocab` (a list or a callable id -> str) naming the tokens:
@@ -173,14 +203,11 @@ class Attribution:
                 images,
                 target,
                 vocab=vocab,
-                labels=labels if labels is not None else weights,
+                labels=labels if labels is not None else class_names(self.model, weights),
                 additional_forward_args=additional_forward_args,
                 forward_kwargs=forward_kwargs,
             )
-        if isinstance(preprocess, str) and preprocess == "auto":
-            preprocess, chosen = auto_preprocess(self.model, weights)
-        else:
-            chosen = f"given: {describe_preprocess(preprocess)}"
+        preprocess, chosen = choose_preprocess(self.model, preprocess, weights)
         batch = load_images(
             images,
             preprocess=preprocess,
@@ -203,7 +230,7 @@ class Attribution:
             scores=targets.scores.detach(),
             method=self.method_label,
             multi_target=targets.multi,
-            labels=labels if labels is not None else weights,
+            labels=labels if labels is not None else class_names(self.model, weights),
             display=dict(self.display_defaults),
             coverage=coverage,
             preprocess=chosen if batch.preprocess is not None else "none (float tensors are used as given)",

@@ -483,7 +483,7 @@ class GuidedGradCAM(GradCAM):
         gg = GuidedGradCAM(model, layer="layer4").attribute(x, target=281)   # like x
     """
 
-    display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
+    display_defaults = {"reduce": None, "mode": "seed", "overlay": False, "alpha_by_map": True}
     multi_input = False  # one image input, like its guided pass
 
     def __init__(

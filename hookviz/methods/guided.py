@@ -190,7 +190,7 @@ class GuidedBackprop(ReLURuleAttribution):
         GuidedBackprop(model).visualize("cat.png")   # shows itself in Jupyter
     """
 
-    display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
+    display_defaults = {"reduce": None, "mode": "seed", "overlay": False, "alpha_by_map": True}
 
     def _rule(self, hooks: HookManager, x: Tensor, out: Tensor) -> Tensor | None:
         hooks.tensor(out, _clamp_positive)
@@ -209,7 +209,7 @@ class Deconvnet(ReLURuleAttribution):
     ``inplace=True`` run out of place during the call (restored afterwards) so their input survives.
     """
 
-    display_defaults = {"reduce": None, "mode": "seed", "overlay": False}
+    display_defaults = {"reduce": None, "mode": "seed", "overlay": False, "alpha_by_map": True}
     needs_input = True
 
     def _rule(self, hooks: HookManager, x: Tensor, out: Tensor) -> Tensor | None:

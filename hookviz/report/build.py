@@ -90,8 +90,10 @@ def report(
             the same images (one column each), or a mapping ``{method name: (N, C, h, w) maps}`` computed in memory.
         out: the report folder; created if missing, replaced if it holds a previous report, refused if it holds
             anything else unless `overwrite` (then only the report's own files are replaced).
-        data: the data set the maps explain (e.g. ``hookviz.zoo.ShapesDataset``, an ``ImageFolder``); default: the
-            one recorded in the store's manifest (shapes sets and image folders are), else the maps are shown alone.
+        data: the data set the maps explain (e.g. ``hookviz.zoo.ShapesDataset``, an ``ImageFolder``, a list of
+            image paths); default: the one recorded in the store's manifest (shapes sets, image folders and image
+            files are), else the maps are shown alone. Image files reach `model` by its own preprocessing
+            (`hookviz.images.auto_preprocess`), the rule of `visualize` and `explain_dataset`.
             With object masks (shapes), the pointing game and the energy in the mask are computed per image.
         model: the classifier, for predictions and their softmax probabilities (one forward pass over `data`,
             model flags restored); default: the embedded shapes model when the store's model fingerprint is its,
@@ -122,11 +124,11 @@ def report(
         manifest = columns[0].manifest
     n = len(columns[0].targets)
     item_shape = tuple(manifest.get("item_shape") or columns[0].maps[0:1].shape[1:])
-    items = resolve_items(data, manifest.get("data"), n, item_shape)
-    path = prepare_out(out, overwrite)
-    start = time.perf_counter()
     if model is None and data is None:
         model = recorded_model(manifest)
+    items = resolve_items(data, manifest.get("data"), n, item_shape, model)
+    path = prepare_out(out, overwrite)
+    start = time.perf_counter()
     preds, probs = _predictions(columns, items, model)
     scores = item_scores(columns, items, evaluation)
     metrics = metric_names(scores, evaluation)

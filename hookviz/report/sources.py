@@ -89,8 +89,33 @@ def _dataset_rows(dataset: Any) -> Rows:
     return rows
 
 
-def resolve_items(data: Any, record: dict[str, Any] | None, n: int, item_shape: tuple[int, ...]) -> Items:
-    """The items of `data` (a data set), else of the store's data `record`; without either, items without images."""
+def _file_inputs(files: list[str], model: nn.Module | None) -> Rows | None:
+    """Rows [a, b) of the files as `model` takes them, by its own preprocessing (the rule of every entry point,
+    `hookviz.images.auto_preprocess`); None without a model."""
+    if model is None:
+        return None
+    from ..dataset import ImageFiles
+
+    dataset = ImageFiles(files, model)
+    return lambda a, b: torch.stack([dataset[i] for i in range(a, b)])
+
+
+def resolve_items(
+    data: Any, record: dict[str, Any] | None, n: int, item_shape: tuple[int, ...], model: nn.Module | None = None
+) -> Items:
+    """The items of `data` (a data set, or a list of image paths), else of the store's data `record`; without
+    either, items without images. Image files (a list of paths, or a ``"files"`` record made with the model's own
+    preprocessing) are fed to `model` by its own preprocessing, as `visualize` and `explain_dataset` do."""
+    if isinstance(data, (list, tuple)) and data and all(isinstance(f, (str, os.PathLike)) for f in data):
+        if len(data) != n:
+            raise ValueError(f"data has {len(data)} image files but the stores hold maps of {n}")
+        files = [os.path.abspath(str(f)) for f in data]
+        return _folder(files, None, None, tuple(item_shape[-2:]), _file_inputs(files, model))
+    if data is None and record is not None and record.get("kind") == "files":
+        files = [str(f) for f in record["files"]]
+        if os.path.isfile(files[0]):
+            inputs = _file_inputs(files, model) if record.get("preprocess") == "auto" else None
+            return _folder(files, None, None, tuple(item_shape[-2:]), inputs)
     if data is None and record is not None:
         if record.get("kind") == "shapes":
             from ..zoo import ShapesDataset  # only when a record names it

@@ -38,6 +38,8 @@ class ShapesCNN(nn.Module):
 
     def __init__(self, num_classes: int = len(CLASSES)) -> None:
         super().__init__()
+        # its class names, which figures use (hookviz.classes.class_names); another head names no classes
+        self.hookviz_classes = CLASSES if num_classes == len(CLASSES) else None
         # the input normalisation lives in the model, so that it takes images in [0, 1]
         self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
         self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)

@@ -112,6 +112,8 @@ class ShapesViT(nn.Module):
             raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
         if dim % 4:
             raise ValueError(f"dim must be a multiple of 4 (the 2-D sine-cosine position embedding), got {dim}")
+        # its class names, which figures use (hookviz.classes.class_names); another head names no classes
+        self.hookviz_classes = CLASSES if num_classes == len(CLASSES) else None
         self.register_buffer("mean", torch.full((1, 3, 1, 1), 0.5), persistent=False)
         self.register_buffer("std", torch.full((1, 3, 1, 1), 0.25), persistent=False)
         self.patch_embed = _conv_stem(dim, patch)
