@@ -382,7 +382,7 @@ class Explanation:
             return _display.to_uint8(t.clamp(0, 1)).movedim(-3, -1).cpu().numpy()
 
         images = self._rgb_images()[:n_samples].unsqueeze(1).expand(-1, k, -1, -1, -1)
-        columns = [("image", to_hwc(images)), (self.method, to_hwc(with_k(src.heatmap(**view))))]
+        columns = [("image", to_hwc(images)), (_panels.pretty_method(self.method), to_hwc(with_k(src.heatmap(**view))))]
         if o["overlay"]:
             over = src.overlay(o["alpha"], alpha_by_map=o["alpha_by_map"], **view)
             columns.append(("overlay", to_hwc(with_k(over))))

@@ -81,26 +81,6 @@ PAPER_RC: dict[str, Any] = {
 # no creation dates or software versions in the files: a figure made the same way gives the same bytes
 _METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {"Software": None}}
 
-# column titles for hookviz's own methods (Explanation.method is the class name)
-PRETTY_NAMES = {
-    "Saliency": "Saliency",
-    "InputXGradient": "Input \u00d7 Gradient",
-    "SmoothGrad": "SmoothGrad",
-    "IntegratedGradients": "Integrated Gradients",
-    "GuidedBackprop": "Guided Backprop",
-    "Deconvnet": "Deconvnet",
-    "GradCAM": "Grad-CAM",
-    "GradCAMPlusPlus": "Grad-CAM++",
-    "LayerCAM": "LayerCAM",
-    "XGradCAM": "XGrad-CAM",
-    "HiResCAM": "HiResCAM",
-    "ScoreCAM": "Score-CAM",
-    "GuidedGradCAM": "Guided Grad-CAM",
-    "AttentionRollout": "Attention Rollout",
-    "GradientRollout": "Gradient Rollout",
-    "LRP (attn-lrp)": "AttnLRP",
-    "LRP (cp-lrp)": "CP-LRP",
-}
 
 _CELL_IN = 1.1  # default cell edge in inches: 6 columns fit a two-column paper's full width (about 7 in)
 _LABEL_WIDTH = 18  # row labels are wrapped at this many characters
@@ -242,7 +222,7 @@ def _default_labels(columns: list[_Column], labels: Sequence[str] | None, n: int
     multi_method = len({id(c.exp) for c in columns}) > 1
     col_labels = []
     for c, col_names in zip(columns, names, strict=True):
-        method = PRETTY_NAMES.get(c.exp.method, c.exp.method)
+        method = _panels.pretty_method(c.exp.method)
         if not multi_k:
             col_labels.append(method)
             continue

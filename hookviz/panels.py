@@ -17,6 +17,33 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+# the titles of hookviz's own methods in figures (Explanation.method is the class name or a method_label)
+PRETTY_NAMES = {
+    "Saliency": "Saliency",
+    "InputXGradient": "Input \u00d7 Gradient",
+    "SmoothGrad": "SmoothGrad",
+    "IntegratedGradients": "Integrated Gradients",
+    "GuidedBackprop": "Guided Backprop",
+    "Deconvnet": "Deconvnet",
+    "GradCAM": "Grad-CAM",
+    "GradCAMPlusPlus": "Grad-CAM++",
+    "LayerCAM": "LayerCAM",
+    "XGradCAM": "XGrad-CAM",
+    "HiResCAM": "HiResCAM",
+    "ScoreCAM": "Score-CAM",
+    "GuidedGradCAM": "Guided Grad-CAM",
+    "AttentionRollout": "Attention Rollout",
+    "GradientRollout": "Gradient Rollout",
+    "LRP (attn-lrp)": "AttnLRP",
+    "LRP (cp-lrp)": "CP-LRP",
+}
+
+
+def pretty_method(method: str) -> str:
+    """The title a figure gives `method` (``"GradCAM"`` -> ``"Grad-CAM"``); other names as they are."""
+    return PRETTY_NAMES.get(method, method)
+
+
 def _png_data_uri(pixels: np.ndarray) -> str:
     """(H, W, 3) uint8 -> ``data:image/png;base64,...``."""
     from PIL import Image

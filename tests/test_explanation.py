@@ -227,7 +227,8 @@ def test_figure_titles():
     e = make(1, "input", targets=torch.tensor([[17], [3]]), scores=torch.tensor([[1.23456], [-0.5]]))
     titles = [ax.get_title() for ax in e.figure().axes]
     # a class target's score is the model's output for that class: labelled a logit (issue 27)
-    assert titles[:3] == ["class 17  logit 1.23", "GuidedBackprop", "overlay"]
+    # the method panel is titled as the grid titles its column
+    assert titles[:3] == ["class 17  logit 1.23", "Guided Backprop", "overlay"]
     assert titles[3] == "class 3  logit -0.5"
     named = make(1, "input", targets=torch.tensor([[7], [3]]), labels=LABELS).figure().axes[0].get_title()
     assert named.startswith("label7  logit ")

@@ -37,6 +37,8 @@ def test_titles_name_the_class_and_label_the_score(model, images):
         assert title.startswith(f"{CLASSES[c]}  logit ")
         # three significant digits of a logit near 10: rounded to 0.05 at most
         assert float(title.rsplit(" ", 1)[1]) == pytest.approx(logits[i, c].item(), abs=0.05)
+    # the method's panel is titled as the grid's column is (not the class name "GradCAM")
+    assert e.figure().axes[1].get_title() == "Grad-CAM"
     # names the user passes still win
     named = hv.GradCAM(model).visualize(images, labels=[f"c{i}" for i in range(8)])
     assert named.figure().axes[0].get_title().startswith(f"c{int(logits[0].argmax())}  logit ")

@@ -12,7 +12,7 @@ from PIL import Image
 from torch import nn
 
 import hookviz as hv
-from hookviz.figures import PRETTY_NAMES
+from hookviz.panels import PRETTY_NAMES
 
 
 def _net(channels: int) -> nn.Module:
