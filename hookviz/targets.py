@@ -159,37 +159,49 @@ def _find_logits(output: Any) -> tuple[Any, str, str]:
     return output, "the model output", "out"
 
 
-def suggest_callable(output: Any, cls: int | None = None) -> str | None:
-    """A callable target that is right for the shape of `output`: one score per input, (N,), read where class
-    targets read (`class_logits`) or, where the output has no logits, from its first tensor field.
+def suggest_callable(output: Any, cls: int | None = None) -> tuple[str, str] | None:
+    """A callable target that is right for the shape of `output`, and what it scores in words: one score per input,
+    (N,), read where class targets read (`class_logits`) or, where the output has no logits, from a tensor field
+    (an (N, D) one first: a pooled output).
 
     (N,) -> the output itself; (N, C) -> class ``cls``; (N, T, V) (a language model) -> token ``cls`` at the last
-    position; (N, C, H, W, ...) (a segmentation map) -> class ``cls`` summed over the map. ``cls`` is used where it
-    is in range, else 0. None where no tensor with a batch axis is found."""
+    position, or with ``cls`` None the top token's logit there; (N, C, H, W, ...) (a segmentation map) -> class
+    ``cls`` summed over the map. ``cls`` is used where it is in range, else 0. None where no tensor with a batch
+    axis is found."""
     found, _, expr = _find_logits(output)
+    field = None
     if not isinstance(found, Tensor) and isinstance(output, Mapping):
-        for key, value in output.items():
-            if isinstance(value, Tensor) and value.dim() >= 1:
-                found = value
-                expr = f"out.{key}" if hasattr(type(output), "__dataclass_fields__") else f"out[{key!r}]"
-                break
+        tensors = [(k, v) for k, v in output.items() if isinstance(v, Tensor) and v.dim() >= 1]
+        tensors.sort(key=lambda kv: kv[1].dim() != 2)  # an (N, D) field first: a pooled output
+        if tensors:
+            field, found = tensors[0]
+            expr = f"out.{field}" if hasattr(type(output), "__dataclass_fields__") else f"out[{field!r}]"
     if not isinstance(found, Tensor) or found.dim() == 0:
         return None
     dim = found.dim()
     axis = -1 if dim <= 3 else 1
     c = cls if cls is not None and 0 <= cls < found.shape[axis] else 0
     if dim == 1:
-        return f"lambda out: {expr}"
+        return f"lambda out: {expr}", "the output's one score per input"
     if dim == 2:
-        return f"lambda out: {expr}[:, {c}]"
+        return f"lambda out: {expr}[:, {c}]", (f"unit {c} of {field}" if field else f"class {c}'s score")
     if dim == 3:
-        return f"lambda out: {expr}[:, -1, {c}]"
-    return f"lambda out: {expr}[:, {c}].flatten(1).sum(1)"
+        if cls is None and field is None:
+            return f"lambda out: {expr}[:, -1].max(dim=-1).values", "the top token's logit at the last position"
+        return f"lambda out: {expr}[:, -1, {c}]", f"the last position's {'unit' if field else 'logit of token'} {c}"
+    return f"lambda out: {expr}[:, {c}].flatten(1).sum(1)", f"class {c}'s score summed over the map"
 
 
 def _shape_words(t: Tensor) -> str:
     names = {2: "(N, classes)", 3: "(N, T, V): a score per position and vocabulary entry", 4: "(N, C, H, W): a map"}
     return f"{tuple(t.shape)} {names.get(t.dim(), '')}".strip()
+
+
+def _fields(output: Any) -> str:
+    if not isinstance(output, Mapping):
+        return ""
+    shapes = [f"{k} {tuple(v.shape)}" for k, v in output.items() if isinstance(v, Tensor)]
+    return f" (fields: {', '.join(shapes)}; no class scores)" if shapes else ""
 
 
 def class_logits(output: Any, *, cls: int | None = None) -> Tensor:
@@ -201,15 +213,12 @@ def class_logits(output: Any, *, cls: int | None = None) -> Tensor:
     if isinstance(found, Tensor) and found.dim() == 2:
         return found
     got = f"a tensor of shape {_shape_words(found)}" if isinstance(found, Tensor) else type(found).__name__
+    got += "" if isinstance(found, Tensor) else _fields(output)
     fix = suggest_callable(output, cls)
     if fix is None:
         hint = "pass a callable target that maps the output to one score per input, (N,)"
-    elif isinstance(found, Tensor) and found.dim() == 3:
-        hint = f"pass a callable target instead, e.g. the last position's logit of a token: target={fix}"
-    elif isinstance(found, Tensor) and found.dim() >= 4:
-        hint = f"pass a callable target instead, e.g. a class's score summed over the map: target={fix}"
     else:
-        hint = f"pass a callable target that scores each input, e.g. target={fix}"
+        hint = f"pass a callable target that scores each input instead, e.g. {fix[1]}: target={fix[0]}"
     raise ValueError(
         f"class targets need a model output of shape (N, classes) ({_OUTPUT_RULE}), but {where} is {got}; {hint}"
     )
@@ -365,7 +374,7 @@ def _call(fn: TargetFn, output: Any, n: int, block: tuple[int, int] | None, conn
         fix = suggest_callable(output)
         raise ValueError(
             f"a callable target must return a tensor of shape (N,) or (N, K) with N = {n} (one score per input"
-            f"{where}); got {got}. Reduce per input" + (f", e.g. target={fix}" if fix else "")
+            f"{where}); got {got}. Reduce per input" + (f", e.g. {fix[1]}: target={fix[0]}" if fix else "")
         )
     if connected and not scores.requires_grad:
         raise ValueError("the target callable returned scores that are not connected to the model output")
@@ -386,11 +395,16 @@ def _check_multi(scores: Tensor, output: Any) -> None:
     if scores.shape[1] != v:
         return
     what = "class" if logits.dim() == 2 else "vocabulary entry"
+    fix = suggest_callable(output)
+    assert fix is not None  # the output holds logits
+    if logits.dim() == 2:  # class targets read (N, C) logits: an index tensor asks for every class explicitly
+        several = f"for every class, pass an index tensor target, torch.arange({v}).repeat({scores.shape[0]}, 1)"
+    else:  # class targets cannot read (N, T, V) logits: name the tokens
+        several = f"for several tokens, name them: target=lambda out: {expr}[:, -1, [0, 1]]"
     raise ValueError(
         f"the target callable returned shape {tuple(scores.shape)}: one score per {what} of the logits "
         f"{tuple(logits.shape)}, which would be read as {v} separate targets. A callable returns (N,) or (N, K) scores "
-        f"of the targets you choose: e.g. target={suggest_callable(output)}; for every {what}, pass an index "
-        f"tensor target, torch.arange({v}).repeat({scores.shape[0]}, 1)"
+        f"of the targets you choose, e.g. {fix[1]}: target={fix[0]}; {several}"
     )
 
 
