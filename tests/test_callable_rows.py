@@ -169,3 +169,16 @@ def test_deeplift_shap_pairs_each_input_with_every_baseline() -> None:
     by_class = hv.DeepLiftShap(model, baselines=baselines).attribute(x, target=cls)
     by_fn = hv.DeepLiftShap(model, baselines=baselines).attribute(x, target=lambda out: out[torch.arange(2), cls])
     torch.testing.assert_close(by_fn, by_class, rtol=1e-5, atol=1e-6)  # float32 rounding, as above
+
+
+def test_integrated_gradients_at_a_layer_sees_the_inputs_rows() -> None:
+    """Layer IG replaces the layer's output by path points, row by row: the callable still sees the N inputs."""
+    model = TinyCNN().eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(10))
+    cls = torch.tensor([1, 3])
+    by_class = hv.IntegratedGradients(model, steps=6, layer="conv2", batch_size=5).attribute(x, target=cls)
+    by_fn = hv.IntegratedGradients(model, steps=6, layer="conv2", batch_size=5).attribute(
+        x, target=lambda out: out[torch.arange(2), cls]
+    )
+    assert by_fn.shape == (2, 6, 4, 4)
+    torch.testing.assert_close(by_fn, by_class, rtol=1e-5, atol=1e-6)  # float32 rounding, as above
