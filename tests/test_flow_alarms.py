@@ -165,3 +165,20 @@ def test_plots_without_nan_are_unmarked() -> None:
         stats = flow.read()
     ax = stats.plot_norms().axes[0]
     assert not ax.texts and not [ln for ln in ax.lines if ln.get_marker() == "X"]
+
+
+def test_exact_zeros_are_marked_on_the_log_axis() -> None:
+    """A gradient that underflows to exactly 0 has no place on a log axis: a triangle on the bottom edge says so."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[2].weight.zero_()  # nothing reaches the first layer: its gradient is exactly 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with GradientFlow(model, optimizer=opt, alarms=False) as flow:
+        train(model, opt, 3, torch.randn(2, 4))
+        stats = flow.read()
+    assert (stats.module("0") == 0).all()
+    ax = stats.plot_norms(["0", "2"]).axes[0]
+    zeros = [ln for ln in ax.lines if ln.get_marker() == "v"]
+    assert len(zeros) == 1 and list(zeros[0].get_xdata()) == [0, 1, 2]
+    assert [t.get_text() for t in ax.texts] == ["\u25bc exactly 0"]

@@ -130,6 +130,7 @@ def plot_norms(
         names = [pool[i] for i in picks]
     fig, ax = _figure_axes(ax, (7.0, 4.0))
     present = (stats.module_present if level == "module" else stats.param_present)[stat]
+    zero_seen = False
     for name in names:
         j = stats.column(name, level)
         (line,) = ax.plot(
@@ -141,8 +142,22 @@ def plot_norms(
         if before.size:  # where the line ends: its last finite value before its first NaN/Inf
             r = before[-1]
             ax.plot(stats.steps[r], values[r, j], marker="X", ms=9, color=line.get_color(), mec="red", mew=1.2)
+        zeros = np.flatnonzero(present[:, j] & (values[:, j] == 0))
+        if log and zeros.size:  # a log axis has no 0: exact zeros (an underflow) as triangles on its bottom edge
+            ax.plot(
+                stats.steps[zeros],
+                np.full(zeros.size, 0.02),
+                transform=ax.get_xaxis_transform(),
+                marker="v",
+                ls="none",
+                color=line.get_color(),
+                clip_on=False,
+            )
+            zero_seen = True
     if log:
         ax.set_yscale("log")
+        if zero_seen:
+            ax.text(0.01, 0.05, "\u25bc exactly 0", transform=ax.transAxes, fontsize=7, color="0.3")
     _mark_first_nonfinite(stats, ax, values, present)
     ax.set_xlabel("step")
     ax.set_ylabel(stat)
