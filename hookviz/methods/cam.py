@@ -393,7 +393,8 @@ class ScoreCAM(CAMAttribution):
 
     Args:
         batch_size: masked inputs per forward pass (rows of all inputs and channels together); results do not
-            depend on it (in eval mode). A callable target gets the output of such a batch and must act row-wise.
+            depend on it (in eval mode). A callable target is called once per channel's masks, on an output whose
+            row i belongs to input i (`hookviz.targets.aligned_scores`).
 
     Example::
 
