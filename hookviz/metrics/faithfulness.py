@@ -206,8 +206,9 @@ def deletion(
         model: a classifier returning (N, classes) logits; run in eval mode (restored afterwards), without grad.
         images: (N, C, H, W) on any device (moved to the model's).
         attributions: (N, C', h, w) or (N, h, w) maps, h <= H, w <= W.
-        target: None (the model's top class on the images), an int, N ints, or a callable ``f(output) -> (B,)``
-            whose scores replace the softmax probability (for models whose output is not a class vector).
+        target: None (the model's top class on the images), an int, N ints, or a callable ``f(output) -> (N,)``
+            whose scores replace the softmax probability (for models whose output is not a class vector); it is
+            called once per step, on an output whose row i is image i (`hookviz.targets.aligned_scores`).
         steps: number of perturbation steps (>= 1).
         baseline: ``"zeros"`` (default, as RISE), ``"blur"`` (`blur`) or a tensor broadcastable to the images.
         batch_size: images per forward pass: bounds the memory of the N * (steps + 1) forwards.
