@@ -150,7 +150,7 @@ def _find_logits(output: Any) -> tuple[Any, str, str]:
     that reaches it from ``out``)."""
     if not isinstance(output, Tensor):
         if isinstance(output, Mapping) and "logits" in output:
-            attr = not isinstance(output, dict) or hasattr(type(output), "logits")
+            attr = isinstance(getattr(output, "logits", None), Tensor)  # ModelOutput: the attribute users write
             return output["logits"], "the output's 'logits' key", "out.logits" if attr else "out['logits']"
         if isinstance(getattr(output, "logits", None), Tensor):
             return output.logits, "the output's logits attribute", "out.logits"
