@@ -10,7 +10,9 @@ A target spec is one of:
 - numpy integer scalars and arrays wherever ints and tensors are (``np.int64(3)``, ``np.array([3, 7])``,
   ``np.array([[1, 2], [3, 4]])``); numpy float arrays are refused, like float tensors;
 - a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
-  output is not a class vector (segmentation maps, dicts, detection heads).
+  output is not a class vector (segmentation maps, dicts, detection heads). It is always called on outputs whose
+  row i belongs to the user's input i: methods that expand the batch call it once per block of N rows
+  (`aligned_scores`). An (N, K) result spanning the logits' whole class or vocabulary axis is refused.
 
 Class targets (None, ints, index tensors) read the class scores from the model output (`class_logits`): a tensor
 (N, classes); an object with a ``logits`` attribute or a mapping with a ``"logits"`` key (Hugging Face's
@@ -49,11 +51,30 @@ class Targets:
 
 @dataclass(frozen=True)
 class TargetPlan:
-    """A target spec checked before any work: class indices (on the cpu) or a callable, and whether K is kept."""
+    """A target spec checked before any work: class indices (on the cpu) or a callable, and whether K is kept.
+
+    A callable's plan also knows the rows it scores: `inputs` is the number N of the user's inputs and `rows` (None:
+    the N inputs themselves, in order) the input each row of an expanded batch belongs to (`aligned_scores`).
+    """
 
     indices: Tensor | None  # (N, K) long, None for `top` and callable specs
     fn: TargetFn | None
     multi: bool
+    rows: Tensor | None = None  # (R,) long on the cpu, in 0..inputs-1; callable plans of an expanded batch only
+    inputs: int | None = None  # N, for callable plans
+
+    def take(self, rows: Tensor) -> TargetPlan:
+        """The plan of a batch whose row j belongs to row ``rows[j]`` of this plan's batch (an expanded batch: path
+        points, noisy or masked copies; or a chunk of it). Class indices are gathered; a callable's plan composes
+        the rows, so the callable still sees outputs aligned with the user's inputs."""
+        if self.indices is not None:
+            return TargetPlan(self.indices[rows.to(self.indices.device)], None, self.multi)
+        if self.fn is None:
+            return self  # "top class" is resolved per row
+        rows = rows.cpu().long()
+        if self.rows is not None:
+            rows = self.rows[rows]
+        return TargetPlan(None, self.fn, self.multi, rows, self.inputs)
 
 
 def check_target(target: object, n: int) -> TargetPlan:
@@ -67,7 +88,7 @@ def check_target(target: object, n: int) -> TargetPlan:
     if target is None:
         return TargetPlan(None, None, False)
     if callable(target) and not isinstance(target, Tensor):
-        return TargetPlan(None, target, False)  # type: ignore[arg-type]
+        return TargetPlan(None, target, False, None, n)  # type: ignore[arg-type]
     if isinstance(target, np.generic | np.ndarray):
         # numpy ints are class indices like Python ints; np.float64 subclasses float, so it must be caught here
         if np.asarray(target).dtype.kind not in "iu":
@@ -124,36 +145,102 @@ _OUTPUT_RULE = (
 )
 
 
-def class_logits(output: Any) -> Tensor:
-    """The (N, classes) class scores in a model output: the tensor itself, its ``logits`` attribute or ``"logits"``
-    key (Hugging Face ``ModelOutput``, dicts), or the first element of a tuple / list. Raises `ValueError` naming
-    the rule where none applies, or where the ``logits`` found is not 2-D."""
-    found: Any = output
-    where = "the model output"
+def _find_logits(output: Any) -> tuple[Any, str, str]:
+    """What class targets read in `output`: (the object found, where it was found in words, the Python expression
+    that reaches it from ``out``)."""
     if not isinstance(output, Tensor):
         if isinstance(output, Mapping) and "logits" in output:
-            found, where = output["logits"], "the output's 'logits' key"
-        elif isinstance(getattr(output, "logits", None), Tensor):
-            found, where = output.logits, "the output's logits attribute"
-        elif isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
-            found, where = output[0], "the output tuple's first element"
+            attr = isinstance(getattr(output, "logits", None), Tensor)  # ModelOutput: the attribute users write
+            return output["logits"], "the output's 'logits' key", "out.logits" if attr else "out['logits']"
+        if isinstance(getattr(output, "logits", None), Tensor):
+            return output.logits, "the output's logits attribute", "out.logits"
+        if isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
+            return output[0], "the output tuple's first element", "out[0]"
+    return output, "the model output", "out"
+
+
+def suggest_callable(output: Any, cls: int | None = None) -> tuple[str, str] | None:
+    """A callable target that is right for the shape of `output`, and what it scores in words: one score per input,
+    (N,), read where class targets read (`class_logits`) or, where the output has no logits, from a tensor field
+    (an (N, D) one first: a pooled output).
+
+    (N,) -> the output itself; (N, C) -> class ``cls``; (N, T, V) (a language model) -> token ``cls`` at the last
+    position, or with ``cls`` None the top token's logit there; (N, C, H, W, ...) (a segmentation map) -> class
+    ``cls`` summed over the map. ``cls`` is used where it is in range, else 0. None where no tensor with a batch
+    axis is found."""
+    found, _, expr = _find_logits(output)
+    field = None
+    if not isinstance(found, Tensor) and isinstance(output, Mapping):
+        tensors = [(k, v) for k, v in output.items() if isinstance(v, Tensor) and v.dim() >= 1]
+        tensors.sort(key=lambda kv: kv[1].dim() != 2)  # an (N, D) field first: a pooled output
+        if tensors:
+            field, found = tensors[0]
+            expr = f"out.{field}" if hasattr(type(output), "__dataclass_fields__") else f"out[{field!r}]"
+    if not isinstance(found, Tensor) or found.dim() == 0:
+        return None
+    dim = found.dim()
+    axis = -1 if dim <= 3 else 1
+    c = cls if cls is not None and 0 <= cls < found.shape[axis] else 0
+    if dim == 1:
+        return f"lambda out: {expr}", "the output's one score per input"
+    if dim == 2:
+        return f"lambda out: {expr}[:, {c}]", (f"unit {c} of {field}" if field else f"class {c}'s score")
+    if dim == 3:
+        if cls is None and field is None:
+            return f"lambda out: {expr}[:, -1].max(dim=-1).values", "the top token's logit at the last position"
+        return f"lambda out: {expr}[:, -1, {c}]", f"the last position's {'unit' if field else 'logit of token'} {c}"
+    return f"lambda out: {expr}[:, {c}].flatten(1).sum(1)", f"class {c}'s score summed over the map"
+
+
+def _shape_words(t: Tensor) -> str:
+    names = {2: "(N, classes)", 3: "(N, T, V): a score per position and vocabulary entry", 4: "(N, C, H, W): a map"}
+    return f"{tuple(t.shape)} {names.get(t.dim(), '')}".strip()
+
+
+def _fields(output: Any) -> str:
+    if not isinstance(output, Mapping):
+        return ""
+    shapes = [f"{k} {tuple(v.shape)}" for k, v in output.items() if isinstance(v, Tensor)]
+    return f" (fields: {', '.join(shapes)}; no class scores)" if shapes else ""
+
+
+def class_logits(output: Any, *, cls: int | None = None) -> Tensor:
+    """The (N, classes) class scores in a model output: the tensor itself, its ``logits`` attribute or ``"logits"``
+    key (Hugging Face ``ModelOutput``, dicts), or the first element of a tuple / list. Raises `ValueError` naming
+    the rule where none applies, or where the ``logits`` found is not 2-D, with a callable target to use instead
+    that is right for the output's shape (`suggest_callable`; `cls`: the class asked for, used in it)."""
+    found, where, _ = _find_logits(output)
     if isinstance(found, Tensor) and found.dim() == 2:
         return found
-    got = f"a tensor of shape {tuple(found.shape)}" if isinstance(found, Tensor) else type(found).__name__
+    got = f"a tensor of shape {_shape_words(found)}" if isinstance(found, Tensor) else type(found).__name__
+    got += "" if isinstance(found, Tensor) else _fields(output)
+    fix = suggest_callable(output, cls)
+    if fix is None:
+        hint = "pass a callable target that maps the output to one score per input, (N,)"
+    else:
+        hint = f"pass a callable target that scores each input instead, e.g. {fix[1]}: target={fix[0]}"
     raise ValueError(
-        f"class targets need a model output of shape (N, classes) ({_OUTPUT_RULE}), but {where} is {got}; pass a "
-        "callable target instead, e.g. target=lambda out: out['logits'][:, 3] or lambda out: out[:, 3].sum((1, 2))"
+        f"class targets need a model output of shape (N, classes) ({_OUTPUT_RULE}), but {where} is {got}; {hint}"
     )
+
+
+def _one_class(plan: TargetPlan) -> int | None:
+    """The class every row asks for, if there is one (for the suggestion of an error message)."""
+    if plan.indices is None or plan.indices.numel() == 0:
+        return None
+    first = int(plan.indices.flatten()[0])
+    return first if bool((plan.indices == first).all()) else None
 
 
 def resolve_targets(target: object, output: Any, n: int) -> Targets:
     """Turn a target spec (or a checked `TargetPlan`) and the model output into the (N, K) scores to differentiate.
 
-    Class targets read the output through `class_logits`; a callable gets the output as it is."""
+    Class targets read the output through `class_logits`; a callable gets the output as it is, cut into blocks of
+    one row per user input where the batch was expanded (`aligned_scores`)."""
     plan = check_target(target, n)
     if plan.fn is not None:
-        return _callable_scores(plan.fn, output, n)
-    output = class_logits(output)
+        return aligned_scores(plan, output, n)
+    output = class_logits(output, cls=_one_class(plan))
     if output.shape[0] != n:
         raise ValueError(f"model output has {output.shape[0]} rows for {n} inputs; the batch axis must be kept")
     classes = output.shape[1]
@@ -171,7 +258,103 @@ def resolve_targets(target: object, output: Any, n: int) -> Targets:
     return Targets(scores=output.gather(1, idx), indices=idx, multi=plan.multi)
 
 
-def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Targets:
+# -- callable targets: the user's rows --------------------------------------------------------------------------------
+def aligned_scores(plan: TargetPlan, output: Any, n: int, *, connected: bool = True) -> Targets:
+    """The (R, K) scores of a callable target on the output of R rows, calling it only on outputs whose rows are the
+    user's N inputs in order (row i of what it sees belongs to input i).
+
+    Without an expansion (``plan.rows`` None, or the N inputs in order) the callable gets the output as it is. In
+    an expanded batch (path points, noisy copies, occluded or masked inputs, baselines) the output is cut into
+    blocks: block k holds the k-th row of every input, so the callable runs once per block (m = R / N calls for a
+    batch of m rows per input), each on N rows. Tensors with one row per row of the batch are cut (a view of
+    contiguous blocks: ``split``, whose backward is one concatenation; else one ``index_select``); mappings, tuples
+    and lists are cut field by field; anything else (a cache object) is passed whole. A block that a chunk covers
+    only in part is filled up with copies of another row; their scores are dropped. The K target seeds stay
+    batched: the blocks' (N, K) results are stacked into one (R, K) tensor before the one backward pass.
+    `connected`: the scores must be connected to the output (False for forward-only methods under ``no_grad``).
+    """
+    fn = plan.fn
+    assert fn is not None
+    rows, inputs = plan.rows, plan.inputs
+    if rows is None or inputs is None or (inputs == n and torch.equal(rows, torch.arange(n))):
+        scores = _call(fn, output, n, None, connected)
+        _check_multi(scores, output)
+        return Targets(
+            scores=scores if scores.dim() == 2 else scores.unsqueeze(1), indices=None, multi=scores.dim() == 2
+        )
+    if rows.shape[0] != n:
+        raise RuntimeError(f"internal: a callable's plan covers {rows.shape[0]} rows but the output has {n}")
+    slot, index, m = _blocks(rows, inputs)
+    blocks = _cut(output, index, n, inputs, m)
+    parts = []
+    for k, block in enumerate(blocks):
+        s = _call(fn, block, inputs, (k, m), connected)
+        if parts and s.shape != parts[0].shape:
+            raise ValueError(
+                f"the target callable returned shape {tuple(s.shape)} on block {k} of the expanded batch but "
+                f"{tuple(parts[0].shape)} on block 0; it must return the same (N,) or (N, K) each time"
+            )
+        parts.append(s)
+    _check_multi(parts[0], blocks[0])
+    stacked = torch.stack(parts).flatten(0, 1)  # (m * N[, K]), block-major like `slot`
+    scores = stacked.index_select(0, slot.to(stacked.device))
+    multi = scores.dim() == 2
+    return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
+
+
+def _blocks(rows: Tensor, inputs: int) -> tuple[Tensor, Tensor | None, int]:
+    """For rows of an expanded batch (the input of each row): each row's slot ``k * inputs + input`` in m blocks of
+    `inputs` rows (block k: the k-th row of every input), the rows that fill the slots (None: the batch is already
+    laid out so, in order and complete), and m."""
+    r = rows.shape[0]
+    counts = torch.bincount(rows, minlength=inputs)
+    order = torch.argsort(rows, stable=True)
+    first = torch.cumsum(counts, 0) - counts
+    occurrence = torch.empty_like(rows)
+    occurrence[order] = torch.arange(r) - first[rows[order]]
+    m = int(counts.max())
+    slot = occurrence * inputs + rows
+    if m * inputs == r and torch.equal(slot, torch.arange(r)):
+        return slot, None, m
+    index = torch.zeros(m * inputs, dtype=torch.long)  # slots no row fills: a copy of row 0, its score dropped
+    index[slot] = torch.arange(r)
+    return slot, index, m
+
+
+def _cut(output: Any, index: Tensor | None, r: int, inputs: int, m: int) -> list[Any]:
+    """`output` of r rows as m outputs of `inputs` rows each: block k holds rows ``index[k*inputs:(k+1)*inputs]``
+    (``index`` None: rows in order)."""
+    if isinstance(output, Tensor):
+        if output.dim() == 0 or output.shape[0] != r:
+            return [output] * m
+        t = output if index is None else output.index_select(0, index.to(output.device))
+        return list(t.split(inputs))
+    if isinstance(output, Mapping):
+        fields = {key: _cut(value, index, r, inputs, m) for key, value in output.items()}
+        return [_rebuild_mapping(output, {key: cut[k] for key, cut in fields.items()}) for k in range(m)]
+    if isinstance(output, tuple | list):
+        items = [_cut(value, index, r, inputs, m) for value in output]
+        return [_rebuild_sequence(output, [cut[k] for cut in items]) for k in range(m)]
+    return [output] * m
+
+
+def _rebuild_mapping(like: Mapping[Any, Any], fields: dict[Any, Any]) -> Any:
+    if hasattr(type(like), "__dataclass_fields__"):  # Hugging Face's ModelOutput: keyword fields
+        return type(like)(**fields)
+    try:
+        return type(like)(fields)
+    except TypeError:
+        return dict(fields)
+
+
+def _rebuild_sequence(like: tuple[Any, ...] | list[Any], items: list[Any]) -> Any:
+    if hasattr(like, "_fields"):  # a namedtuple
+        return type(like)(*items)
+    return type(like)(items) if type(like) in (tuple, list) else tuple(items)
+
+
+def _call(fn: TargetFn, output: Any, n: int, block: tuple[int, int] | None, connected: bool) -> Tensor:
+    """`fn(output)` checked: (n,) or (n, K) scores connected to the output."""
     try:
         scores = fn(output)
     except Exception as exc:
@@ -182,14 +365,47 @@ def _callable_scores(fn: Callable[[Any], Tensor], output: Any, n: int) -> Target
         ) from exc
     if not isinstance(scores, Tensor) or scores.dim() not in (1, 2) or scores.shape[0] != n:
         got = f"shape {tuple(scores.shape)}" if isinstance(scores, Tensor) else type(scores).__name__
-        raise ValueError(
-            f"a callable target must return a tensor of shape (N,) or (N, K) with N = {n} (one score per input); "
-            f"got {got}. Reduce per input, e.g. out[:, cls].sum(dim=(1, 2)) for a segmentation map"
+        where = (
+            ""
+            if block is None
+            else f" (the method runs the model on {block[1]} rows per input; the callable is called once for each, "
+            "on an output of N rows, one per input)"
         )
-    if not scores.requires_grad:
+        fix = suggest_callable(output)
+        raise ValueError(
+            f"a callable target must return a tensor of shape (N,) or (N, K) with N = {n} (one score per input"
+            f"{where}); got {got}. Reduce per input" + (f", e.g. {fix[1]}: target={fix[0]}" if fix else "")
+        )
+    if connected and not scores.requires_grad:
         raise ValueError("the target callable returned scores that are not connected to the model output")
-    multi = scores.dim() == 2
-    return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
+    return scores
+
+
+def _check_multi(scores: Tensor, output: Any) -> None:
+    """Refuse an (N, V) result that is a whole row of class scores: (N, K) results are K targets (K backward passes),
+    and K equal to the length of the class axis of 2-D logits (N, C) or the vocabulary axis of 3-D ones (N, T, V)
+    is a callable that forgot to pick its class or token (``out.logits[:, 3]`` on (N, T, V) logits: position 3's
+    whole vocabulary)."""
+    if scores.dim() != 2:
+        return
+    logits, _, expr = _find_logits(output)
+    if not isinstance(logits, Tensor) or logits.dim() not in (2, 3) or logits.shape[-1] < 2:
+        return
+    v = logits.shape[-1]
+    if scores.shape[1] != v:
+        return
+    what = "class" if logits.dim() == 2 else "vocabulary entry"
+    fix = suggest_callable(output)
+    assert fix is not None  # the output holds logits
+    if logits.dim() == 2:  # class targets read (N, C) logits: an index tensor asks for every class explicitly
+        several = f"for every class, pass an index tensor target, torch.arange({v}).repeat({scores.shape[0]}, 1)"
+    else:  # class targets cannot read (N, T, V) logits: name the tokens
+        several = f"for several tokens, name them: target=lambda out: {expr}[:, -1, [0, 1]]"
+    raise ValueError(
+        f"the target callable returned shape {tuple(scores.shape)}: one score per {what} of the logits "
+        f"{tuple(logits.shape)}, which would be read as {v} separate targets. A callable returns (N,) or (N, K) scores "
+        f"of the targets you choose, e.g. {fix[1]}: target={fix[0]}; {several}"
+    )
 
 
 VMAP_CHUNK = 16  # seeds per vectorized backward pass: its memory grows with the chunk, not with K

@@ -450,8 +450,16 @@ def test_call_errors() -> None:
         GradCAM(model, layer="fc").attribute(x)
     with pytest.raises(ValueError, match=r"ScoreCAM masks images: inputs must be \(N, C, H, W\)"):
         ScoreCAM(TokenHead(), layer="act").attribute(torch.randn(1, 17, 4), target=0)
-    with pytest.raises(ValueError, match=r"on a batch of 12 masked inputs the target callable must return shape"):
-        ScoreCAM(model, layer="act").attribute(x, target=lambda out: out[:, 0] if out.shape[0] == 2 else out)
+    # the callable sees the N inputs' rows on the masked passes too (issue 27); a result that changes shape between
+    # the clean pass and the masked ones is refused
+    calls: list[int] = []
+
+    def changing(out: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return out[:, 0] if len(calls) == 1 else out[:, :2]
+
+    with pytest.raises(ValueError, match=r"returned 2 scores per input on the masked inputs but 1 on the inputs"):
+        ScoreCAM(model, layer="act").attribute(x, target=changing)
     with pytest.raises(TypeError, match="unexpected keyword argument 'upsample'"):
         GuidedGradCAM(model, layer="act").attribute(x, upsample=True)  # type: ignore[call-arg]
 

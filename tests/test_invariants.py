@@ -89,6 +89,34 @@ def test_model_restored_after_error(name: str, target) -> None:
     assert_same(before, model)
 
 
+EXPANDING = sorted(
+    name
+    for name in BUILDERS
+    if name.split("[")[0] in {"integrated-gradients", "smoothgrad", "vargrad", "occlusion", "rise", "gradient-shap",
+                              "scorecam", "deeplift", "deeplift-shap"}
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXPANDING)
+def test_model_restored_when_a_callable_target_interrupts_a_later_block(name: str) -> None:
+    """A callable target runs once per block of N rows in methods that expand the batch (issue 27): a Ctrl-C in its
+    second call, in the middle of the expanded batch, leaves the model as it was."""
+    model = mid_training_resnet()
+    before = snapshot(model)
+    calls = []
+
+    def interrupted(out: torch.Tensor) -> torch.Tensor:
+        calls.append(out.shape[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return out[:, 1]
+
+    with pytest.raises(KeyboardInterrupt):
+        BUILDERS[name](model).attribute(torch.randn(2, 3, 32, 32), target=interrupted)
+    assert set(calls) == {2}  # every call saw the two inputs' rows
+    assert_same(before, model)
+
+
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_model_restored_after_error_inside_forward(name: str) -> None:
     model = mid_training_resnet()

@@ -152,7 +152,7 @@ def add_parser(sub: Any) -> None:
     ds.add_argument(
         "--model",
         default=None,
-        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
         help="as in explain; shapes, vit: the embedded models",
     )
     ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")

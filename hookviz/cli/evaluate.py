@@ -271,7 +271,7 @@ def add_parser(sub: Any) -> None:
     ev.add_argument(
         "--model",
         default="shapes",
-        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt",
+        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
         help="the model (default: %(default)s, the embedded trained CNN; vit: the embedded ViT); PATH.pt is "
         "unpickled: only load files you trust",
     )

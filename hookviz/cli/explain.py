@@ -15,7 +15,11 @@ EXPLAIN_DESCRIPTION = """\
 Explain images with one or more attribution methods and write one figure: a row per image, a column per method
 (or, with one method and several targets, a column per target), the inputs first.
 
-models:
+models (the same forms in every command that takes --model):
+  shapes, vit                 the embedded shapes CNN / ViT (trained, 64x64 images, 8 classes, nothing downloaded);
+                              their own preprocessing and class names are used
+  timm:NAME[:pretrained]      a timm model, RANDOM weights (pretrained=False, seed 0) unless :pretrained is asked
+                              (downloaded by timm on first use); preprocessing from the model's data config
   torchvision:NAME            a torchvision classification model with RANDOM weights (weights=None, seed 0): the
                               maps show the mechanics, not learned evidence
   torchvision:NAME:WEIGHTS    with a torchvision weights enum member (e.g. torchvision:resnet18:IMAGENET1K_V1 or
@@ -36,6 +40,7 @@ models:
   Images are preprocessed by the model's own rule, as in Python (visualize, grid): the weights' transforms(), a
   preset the model carries, a timm or Hugging Face config, else ImageNet's (resize 256, center crop 224); with
   --size they are resized (shorter side) and center-cropped to --size and normalized with the ImageNet mean and std.
+  A download that fails (no network) ends in one line that says what to do.
 
 example:
   hookviz explain cat.jpg dog.jpg --model torchvision:resnet18:DEFAULT --method guided-backprop,gradcam --out fig.pdf
@@ -136,7 +141,7 @@ def add_parser(sub: Any) -> None:
     ex.add_argument(
         "--model",
         required=True,
-        metavar="torchvision:NAME[:WEIGHTS] | PATH.pt",
+        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
         help="the model (see 'models' above); PATH.pt loads with torch.load(weights_only=True) unless --trust-pickle",
     )
     ex.add_argument(
@@ -163,7 +168,8 @@ def add_parser(sub: Any) -> None:
         "--weights",
         default=None,
         metavar="PATH_OR_ENUM_NAME",
-        help="for torchvision:NAME: a local state_dict file, or a weights enum member such as IMAGENET1K_V1",
+        help="for torchvision:NAME: a local state_dict file, or a weights enum member such as IMAGENET1K_V1; for "
+        "timm:NAME: a local state_dict file",
     )
     ex.add_argument(
         "--size", type=int, default=None, metavar="S", help="input size in pixels (default: the model's own)"

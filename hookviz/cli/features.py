@@ -23,7 +23,9 @@ def add_parser(sub: Any) -> None:
         help="render feature visualisations of units of a layer and write a grid figure",
         description=FEATURES_DESCRIPTION,
     )
-    p.add_argument("--model", required=True, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | PATH.pt")
+    p.add_argument(
+        "--model", required=True, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"
+    )
     p.add_argument("--layer", required=True, help="module name, e.g. head or features.4 (see model.named_modules())")
     p.add_argument("--units", required=True, metavar="U[,U...]", help="channel indices, comma-separated (0,1,2)")
     p.add_argument("--out", default="features.png", help="the figure (.png, .pdf, .svg; default: %(default)s)")

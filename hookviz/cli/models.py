@@ -1,6 +1,8 @@
 """Loading ``--model``: the embedded models (``shapes``: the shapes CNN, ``vit``: the shapes ViT),
-``torchvision:NAME[:WEIGHTS]``, a local state_dict (``--weights``), a whole model saved with ``torch.save(model)``
-(``torch.load(weights_only=True)``, full unpickling only with ``--trust-pickle``) or a TorchScript file.
+``torchvision:NAME[:WEIGHTS]``, ``timm:NAME[:pretrained]`` (random weights unless ``pretrained`` is asked), a local
+state_dict (``--weights``), a whole model saved with ``torch.save(model)`` (``torch.load(weights_only=True)``, full
+unpickling only with ``--trust-pickle``) or a TorchScript file. Every command that takes ``--model`` takes these
+forms. A download that fails (no network, a proxy, a corrupt cache) is one line naming the cause and what to do.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import pickle
 import re
 import sys
 import zipfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -21,6 +24,42 @@ from ..images import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401  defined once the
 from .common import UsageError
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+MODEL_FORMS = "shapes, vit, torchvision:NAME[:WEIGHTS], timm:NAME[:pretrained] or the path of a .pt file"
+
+T = TypeVar("T")
+
+# where an exception comes from when a download failed: the network stack and the hubs' clients
+_NETWORK_MODULES = ("urllib", "http", "socket", "ssl", "requests", "httpx", "httpcore", "urllib3", "huggingface_hub")
+
+
+def _network_cause(exc: BaseException) -> BaseException | None:
+    """The exception in `exc`'s chain that says a download failed (a URL, connection, DNS, TLS or hub error)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError) or type(e).__module__.split(".")[0] in _NETWORK_MODULES:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _downloading(what: str, fix: str, load: Callable[[], T]) -> T:
+    """`load()`, which may download `what`; a failure becomes one line: the cause, then what to do (`fix`)."""
+    try:
+        return load()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever the hub client raises, the CLI says it in one line
+        cause = _network_cause(exc)
+        shown = cause if cause is not None else exc
+        detail = " ".join(str(shown).split())[:200] or type(shown).__name__
+        if cause is not None:
+            raise UsageError(
+                f"cannot download {what}: no network or the server refused ({type(shown).__name__}: {detail}); {fix}"
+            ) from None
+        raise UsageError(f"cannot load {what} ({type(shown).__name__}: {detail}); {fix}") from None
+
 
 # --model names of the embedded models trained on the shapes data: (hookviz.zoo function, how captions name it)
 ZOO_MODELS: dict[str, tuple[str, str]] = {
@@ -115,7 +154,14 @@ def _torchvision_model(name: str, weights: str | None, size: int | None) -> tupl
                 f"(or --weights FILE.pt for a local state_dict)"
             )
         w = enum[weights]
-        model = models.get_model(name, weights=w)  # torchvision downloads and caches the file on first use
+        hub = os.path.join(torch.hub.get_dir(), "checkpoints")
+        fix = (
+            f"connect once to download it (torchvision caches it in {hub}), or copy the file there from a machine "
+            f"that has it ({w.url}), or pass --model torchvision:{name} --weights FILE.pt for a local state_dict, "
+            f"or torchvision:{name} for random weights"
+        )
+        # torchvision downloads and caches the file on first use
+        model = _downloading(f"the weights {w} of torchvision {name}", fix, lambda: models.get_model(name, weights=w))
         preprocess = w.transforms() if size is None else w.transforms(crop_size=size, resize_size=size)
         return model, preprocess, w.meta.get("categories"), f"weights {w}"
 
@@ -126,6 +172,56 @@ def _torchvision_model(name: str, weights: str | None, size: int | None) -> tupl
         f"learned evidence; use torchvision:{name}:DEFAULT for pretrained weights"
     )
     return model, _own_or_size(model, size), None, note
+
+
+def _timm_model(name: str, weights: str | None, size: int | None) -> tuple[nn.Module, Any, Any, str]:
+    """(model, preprocess, labels, note) for ``timm:NAME[:pretrained]``: ``pretrained=False`` (random weights, seed 0)
+    unless ``pretrained`` is asked, or a local state_dict (``--weights FILE``). Preprocessing: a `Preset` from the
+    model's data config (input size, crop fraction, mean and std), or `size` square when given."""
+    try:
+        import timm
+    except ImportError:
+        raise UsageError("--model timm:NAME needs timm: pip install timm") from None
+    from ..images import Preset
+
+    if not timm.is_model(name):
+        available = timm.list_models()
+        close = difflib.get_close_matches(name, available, n=5, cutoff=0.6)
+        hint = f"closest: {', '.join(close)}" if close else "see timm.list_models()"
+        raise UsageError(f"unknown timm model {name!r}; {hint}")
+    local = weights is not None and weights != "pretrained"
+    if local and not os.path.isfile(weights):  # type: ignore[arg-type]
+        raise UsageError(f"--weights: no such file {weights!r} (timm:{name} takes a state_dict file or :pretrained)")
+    torch.manual_seed(0)
+    if weights == "pretrained":
+        cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
+        fix = (
+            f"connect once to download it (Hugging Face caches it in {cache}), or pass --model timm:{name} --weights "
+            f"FILE.pt for a local state_dict, or timm:{name} for random weights"
+        )
+        model = _downloading(
+            f"the pretrained weights of timm {name}", fix, lambda: timm.create_model(name, pretrained=True)
+        )
+        note = f"weights timm {name} pretrained"
+    else:
+        model = timm.create_model(name, pretrained=False)
+        note = (
+            f"note: timm:{name} has RANDOM weights (pretrained=False, seed 0), so the maps show the mechanics, not "
+            f"learned evidence; use timm:{name}:pretrained for pretrained weights"
+        )
+        if local:
+            result = model.load_state_dict(_load_state_dict(weights), strict=False)  # type: ignore[arg-type]
+            if result.missing_keys or result.unexpected_keys:
+                raise UsageError(
+                    f"--weights: {weights!r} does not fit timm {name}: {len(result.missing_keys)} missing key(s), "
+                    f"{len(result.unexpected_keys)} unexpected key(s)"
+                )
+            note = f"weights from {weights}"
+    cfg = timm.data.resolve_data_config({}, model=model)
+    crop = size or int(cfg["input_size"][-1])
+    resize = size or max(crop, round(crop / float(cfg.get("crop_pct") or 1.0)))
+    preprocess = Preset(f"timm-{name}", resize, crop, tuple(cfg["mean"]), tuple(cfg["std"]))
+    return model, preprocess, None, note
 
 
 def _is_torchscript(path: str) -> bool:
@@ -165,9 +261,7 @@ def _safe_model_globals() -> list[Any]:
 
 def _file_model(path: str, device: str, trust_pickle: bool = False) -> nn.Module:
     if not os.path.isfile(path):
-        raise UsageError(
-            f"--model: no such model file {path!r}; pass torchvision:NAME[:WEIGHTS] or the path of a .pt file"
-        )
+        raise UsageError(f"--model: no such model file {path!r}; pass {MODEL_FORMS}")
     try:
         if _is_torchscript(path):
             model = torch.jit.load(path, map_location=device)
@@ -207,9 +301,27 @@ def _file_model(path: str, device: str, trust_pickle: bool = False) -> nn.Module
 
 
 def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
+    """(model, preprocess, class names or None, note) for ``args.model`` in any of its forms (`MODEL_FORMS`)."""
     spec = args.model
-    if args.trust_pickle and spec.startswith("torchvision:"):
-        raise UsageError("--trust-pickle applies to --model PATH.pt; torchvision models and --weights load safely")
+    if args.trust_pickle and (spec.startswith(("torchvision:", "timm:")) or spec in ZOO_MODELS):
+        raise UsageError("--trust-pickle applies to --model PATH.pt; other models and --weights load safely")
+    if spec in ZOO_MODELS:
+        if args.weights is not None:
+            raise UsageError(f"--weights applies to --model torchvision:NAME or timm:NAME; {spec} carries its own")
+        if getattr(args, "size", None) is not None:
+            raise UsageError(f"--size applies to other models; {spec} takes its own input size (64 pixels)")
+        from ..images import auto_preprocess
+        from ..zoo import CLASSES
+
+        model, described = zoo_model(spec)  # type: ignore[misc]
+        return model, auto_preprocess(model)[0], list(CLASSES), described
+    if spec.startswith("timm:"):
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or not parts[1] or (len(parts) == 3 and parts[2] != "pretrained"):
+            raise UsageError(f"--model: expected timm:NAME or timm:NAME:pretrained, got {spec!r}")
+        if len(parts) == 3 and args.weights is not None:
+            raise UsageError(f"--model {spec} already names weights; leave out --weights {args.weights}")
+        return _timm_model(parts[1], "pretrained" if len(parts) == 3 else args.weights, args.size)
     if spec.startswith("torchvision:"):
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not parts[1]:
@@ -219,6 +331,8 @@ def _load_model(args: argparse.Namespace) -> tuple[nn.Module, Any, Any, str]:
             raise UsageError(f"--model {spec} already names weights; leave out --weights {args.weights}")
         return _torchvision_model(name, weights or args.weights, args.size)
     if args.weights is not None:
-        raise UsageError("--weights applies to --model torchvision:NAME; a PATH.pt model carries its own weights")
+        raise UsageError(
+            "--weights applies to --model torchvision:NAME or timm:NAME; a PATH.pt model carries its own weights"
+        )
     model = _file_model(spec, args.device, args.trust_pickle)
     return model, _own_or_size(model, args.size), None, ""

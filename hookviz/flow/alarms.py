@@ -1,6 +1,10 @@
 """GradientFlow's alarms: vanishing, exploding (a threshold or a jump over the running median) and non-finite
 gradients, checked on the host rows of each read-out, and delivered as a warning, a log record, an exception or a
-call (``on_alarm``)."""
+call (``on_alarm``).
+
+The layers that start vanishing (or exploding) at one step are one alarm, a summary: how many of the model's layers
+and which, and the likely cause (saturating activations found in the model; a learning rate whose update/weight
+ratio is large; exploding norms), so that a 20-layer sigmoid stack gives one message, not one per layer."""
 
 from __future__ import annotations
 
@@ -9,12 +13,12 @@ import math
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from .layout import _MISSING, L2, _Chunk, _Layout
+from .layout import _MISSING, L2, UPDATE_NORM, WEIGHT_NORM, _Chunk, _Layout
 from .locate import _culprit, _kind_of
 from .watch import _Watched
 
@@ -39,13 +43,18 @@ class GradientFlowError(RuntimeError):
 @dataclass(frozen=True)
 class Alarm:
     """One alarm: ``kind`` is ``"vanishing"``, ``"exploding"`` or ``"nonfinite"``; ``name`` the module (None when no
-    module could be named); ``step`` the training step (0-based count of steps since `GradientFlow.start`)."""
+    module could be named; the first of `modules`, in model order, for a summary); ``step`` the training step
+    (0-based count of steps since `GradientFlow.start`); ``value`` the norm (the smallest of a vanishing summary, the
+    largest of an exploding one). ``modules``: every module the alarm is about (one alarm per step and kind sums up
+    all the layers whose condition started at that step); ``cause``: the likely cause in words, where one is seen."""
 
     kind: Literal["vanishing", "exploding", "nonfinite"]
     step: int
     name: str | None
     value: float
     message: str
+    modules: tuple[str, ...] = ()
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,19 @@ class Alarms:
                 raise ValueError(f"Alarms.{name} must be a positive int, got {value!r}")
 
 
+# activations whose derivative vanishes where they saturate: the likely cause of vanishing gradients in deep stacks
+SATURATING = frozenset({"Sigmoid", "Tanh", "Hardtanh", "Hardsigmoid", "Softsign", "LogSigmoid", "Tanhshrink"})
+LARGE_UPDATE_RATIO = 1e-2  # ten times the usual ~1e-3 update/weight ratio of a healthy learning rate
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    """Module names for a message: all of up to 8, else the first four and the last two."""
+    quoted = [repr(n) for n in names]
+    if len(quoted) <= 8:
+        return ", ".join(quoted)
+    return ", ".join(quoted[:4]) + ", ..., " + ", ".join(quoted[-2:])
+
+
 def _module_norms(l2: np.ndarray, present: np.ndarray, groups: list[list[int]]) -> np.ndarray:
     """(S, M) root of summed squares of the parameter norms of each module (NaN where none has a gradient)."""
     out = np.full((l2.shape[0], len(groups)), np.nan)
@@ -125,6 +147,8 @@ class _AlarmChecker:
         self._explode_hist: dict[str, deque[float]] = {}
         self._explode_fired: set[str] = set()
         self._nonfinite_run = 0
+        # (kind, module, step): where a fired vanishing / exploding alarm stopped holding (the report's status)
+        self.cleared: list[tuple[str, str, int]] = []
 
     def check(self, chunk: _Chunk, config: Alarms, on_alarm: OnAlarm) -> None:
         """Check a chunk's rows in step order; alarms are emitted in row, then model order."""
@@ -152,8 +176,108 @@ class _AlarmChecker:
                 for r, alarm in self._norm_alarms(config, name, steps, norms[:, j], has):
                     found.append((r, j, alarm))
         found.sort(key=lambda item: (item[0], item[1]))
-        for _, _, alarm in found:
+        for alarm in self._summaries(found, chunk, config):
             self._emit(alarm, on_alarm)
+
+    # -- one alarm per step and kind, with its likely cause -------------------------------------------------------
+    def _summaries(self, found: list[tuple[int, int, Alarm]], chunk: _Chunk, config: Alarms) -> list[Alarm]:
+        """The alarms of a chunk, those of the same row and kind (vanishing, exploding) merged into one summary that
+        names the layers, counts them and says the likely cause; non-finite alarms pass as they are."""
+        out: list[Alarm] = []
+        groups: dict[tuple[int, str], list[Alarm]] = {}
+        order: list[tuple[int, str] | Alarm] = []
+        for r, j, alarm in found:
+            if j < 0:
+                order.append(alarm)
+                continue
+            key = (r, alarm.kind)
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append(alarm)
+        for item in order:
+            if isinstance(item, Alarm):
+                out.append(replace(item, modules=(item.name,) if item.name is not None else ()))
+                continue
+            group = groups[item]
+            names = tuple(a.name for a in group if a.name is not None)
+            cause = self._cause(item[1], chunk, item[0], names)
+            if len(group) == 1:
+                a = group[0]
+                message = a.message + (f"; likely cause: {cause}" if cause else "")
+                out.append(replace(a, message=message, modules=names, cause=cause))
+                continue
+            out.append(self._summary(item[1], group, names, cause, config))
+        return out
+
+    def _summary(
+        self, kind: str, group: list[Alarm], names: tuple[str, ...], cause: str | None, config: Alarms
+    ) -> Alarm:
+        values = [a.value for a in group]
+        total = sum(1 for m in self.w.module_names if m in self.w.params_of)
+        step = group[0].step
+        if kind == "vanishing":
+            worst = int(np.argmin(values))
+            detail = (
+                f"gradient norms below {config.vanishing:g} for {config.vanishing_steps} consecutive recorded steps "
+                f"(now {min(values):.3g} at {names[worst]!r} to {max(values):.3g})"
+            )
+        else:
+            worst = int(np.argmax(values))
+            detail = (
+                f"gradient norms up to {max(values):.3g} at {names[worst]!r}, above the threshold or a jump over their "
+                "running median"
+            )
+        message = (
+            f"{kind} gradient at step {step} in {len(names)} of {total} layers with parameters: {_listing(names)}: "
+            f"{detail}" + (f"; likely cause: {cause}" if cause else "")
+        )
+        return Alarm(kind, step, names[0], values[worst], message, names, cause)  # type: ignore[arg-type]
+
+    def _cause(self, kind: str, chunk: _Chunk, r: int, names: tuple[str, ...]) -> str | None:
+        """The likely cause of a vanishing or exploding gradient in the layers `names` at row `r`, in words."""
+        if kind == "vanishing":
+            found = [t for t in self.w.types.values() if t in SATURATING]
+            if found:
+                counts = " and ".join(f"{found.count(t)} {t}" for t in dict.fromkeys(found)) + " modules"
+                return (
+                    f"saturating activations: the model has {counts} (a sigmoid's derivative is at most 0.25 and a "
+                    "saturated tanh's near 0, so the gradient shrinks at each one it passes back through); use ReLU "
+                    "or GELU, normalization, or residual connections"
+                )
+            return (
+                "no saturating activation module in the model: look at the initialisation, depth without normalization "
+                "or residual connections, or activations called as functions (torch.sigmoid)"
+            )
+        ratio, where = self._update_ratio(chunk, r, names)
+        if ratio is None:
+            return (
+                "exploding norms; clip them (torch.nn.utils.clip_grad_norm_) or lower the learning rate "
+                "(GradientFlow(optimizer=..., update_ratio=True) tells whether the learning rate is too large)"
+            )
+        if ratio > LARGE_UPDATE_RATIO:
+            return (
+                f"a learning rate that is too large: the update/weight ratio reached {ratio:.2g} in {where!r} (around "
+                "1e-3 is usual); lower the learning rate, warm it up, or clip the gradients"
+            )
+        return (
+            f"exploding norms with small updates (update/weight ratio at most {ratio:.2g}): a loss spike or an "
+            "outlier batch rather than the learning rate; clip the gradients (torch.nn.utils.clip_grad_norm_)"
+        )
+
+    def _update_ratio(self, chunk: _Chunk, r: int, names: tuple[str, ...]) -> tuple[float | None, str | None]:
+        """The largest update/weight ratio ``||w_after - w_before|| / ||w_before||`` over the parameters of `names`
+        at row `r`, and its module; (None, None) where no update was recorded (no optimizer, update_ratio=False)."""
+        layout, row = chunk.layout, chunk.data[r]
+        upd, w = row[layout.block(UPDATE_NORM)], row[layout.block(WEIGHT_NORM)]
+        best, where = None, None
+        for name in names:
+            for c in self.w.params_of.get(name, []):
+                if upd[c] != _MISSING and w[c] != _MISSING and w[c] > 0 and math.isfinite(float(upd[c])):
+                    ratio = float(upd[c] / w[c])
+                    if best is None or ratio > best:
+                        best, where = ratio, name
+        return best, where
 
     def _nonfinite_row(self, layout: _Layout, row: np.ndarray, present: np.ndarray) -> bool:
         if not np.isfinite(row[layout.block(L2)][present]).all():
@@ -242,7 +366,9 @@ class _AlarmChecker:
                         out.append((r, Alarm("vanishing", step, name, v, message)))
                 else:
                     self._vanish_run[name] = 0
-                    self._vanish_fired.discard(name)
+                    if name in self._vanish_fired:
+                        self._vanish_fired.discard(name)
+                        self.cleared.append(("vanishing", name, step))
             reason = None
             if config.exploding is not None and v > config.exploding:
                 reason = f"gradient norm {v:.3g} above the threshold {config.exploding:g}"
@@ -258,8 +384,9 @@ class _AlarmChecker:
                     self._explode_fired.add(name)
                     message = f"exploding gradient at step {step}: {desc}: {reason}"
                     out.append((r, Alarm("exploding", step, name, v, message)))
-            else:
+            elif name in self._explode_fired:
                 self._explode_fired.discard(name)
+                self.cleared.append(("exploding", name, step))
             history.append(v)
         return out
 

@@ -28,6 +28,24 @@ class FlowData:
     module_present: dict[str, np.ndarray]
     total_grad_norm: np.ndarray
     alarms: list[Alarm] = field(default_factory=list)
+    # (kind, module, step) where a vanishing / exploding alarm stopped holding: the report's status in between
+    cleared: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def active_alarms(self, step: int) -> dict[str, list[str]]:
+        """The alarm kinds that hold for each module at `step`: a vanishing or exploding alarm from the step it fired
+        until its condition stopped (``cleared``), a non-finite one at its step."""
+        out: dict[str, list[str]] = {}
+        for a in self.alarms:
+            if a.step > step:
+                continue
+            for name in a.modules or ((a.name,) if a.name is not None else ()):
+                if a.kind == "nonfinite":
+                    holds = a.step == step
+                else:
+                    holds = not any(k == a.kind and m == name and a.step < c <= step for k, m, c in self.cleared)
+                if holds and a.kind not in out.get(name, []):
+                    out.setdefault(name, []).append(a.kind)
+        return out
 
     @property
     def param_has_grad(self) -> np.ndarray:

@@ -381,7 +381,7 @@ class GradientFlow:
     def read(self) -> FlowStats:
         """Every recorded statistic so far (reads the device buffer out, checking alarms), as a `FlowStats`."""
         self._flush()
-        return _assemble(self._buffer.chunks, list(self._buffer.key_index), self._w, self.alarms)
+        return _assemble(self._buffer.chunks, list(self._buffer.key_index), self._w, self.alarms, self._checker.cleared)
 
     def report(self, step: int | None = None) -> FlowReport:
         """A per-module table of the statistics at `step` (default: the last recorded), with the alarms so far."""

@@ -105,6 +105,7 @@ def plot_heatmap(
     ax.set_yticks(np.arange(len(names)), [n or "<model>" for n in names], fontsize=7)
     ax.set_xlabel("step")
     ax.set_title(f"{stat} per {level}")
+    _mark_first_nonfinite(stats, ax, values, (stats.module_present if level == "module" else stats.param_present)[stat])
     fig.colorbar(image, ax=ax, label=stat)
     fig.tight_layout()
     return fig
@@ -128,11 +129,36 @@ def plot_norms(
         picks = np.unique(np.linspace(0, len(pool) - 1, num=min(8, len(pool))).round().astype(int))
         names = [pool[i] for i in picks]
     fig, ax = _figure_axes(ax, (7.0, 4.0))
+    present = (stats.module_present if level == "module" else stats.param_present)[stat]
+    zero_seen = False
     for name in names:
         j = stats.column(name, level)
-        ax.plot(stats.steps, values[:, j], marker="." if len(stats.steps) < 50 else None, label=name or "<model>")
+        (line,) = ax.plot(
+            stats.steps, values[:, j], marker="." if len(stats.steps) < 50 else None, label=name or "<model>"
+        )
+        bad = np.flatnonzero(present[:, j] & ~np.isfinite(values[:, j]))
+        before = np.flatnonzero(np.isfinite(values[:, j]) & (values[:, j] > 0 if log else True))
+        before = before[before < bad[0]] if bad.size else before[:0]
+        if before.size:  # where the line ends: its last finite value before its first NaN/Inf
+            r = before[-1]
+            ax.plot(stats.steps[r], values[r, j], marker="X", ms=9, color=line.get_color(), mec="red", mew=1.2)
+        zeros = np.flatnonzero(present[:, j] & (values[:, j] == 0))
+        if log and zeros.size:  # a log axis has no 0: exact zeros (an underflow) as triangles on its bottom edge
+            ax.plot(
+                stats.steps[zeros],
+                np.full(zeros.size, 0.02),
+                transform=ax.get_xaxis_transform(),
+                marker="v",
+                ls="none",
+                color=line.get_color(),
+                clip_on=False,
+            )
+            zero_seen = True
     if log:
         ax.set_yscale("log")
+        if zero_seen:
+            ax.text(0.01, 0.05, "\u25bc exactly 0", transform=ax.transAxes, fontsize=7, color="0.3")
+    _mark_first_nonfinite(stats, ax, values, present)
     ax.set_xlabel("step")
     ax.set_ylabel(stat)
     ax.set_title(f"{stat} over steps")
@@ -140,6 +166,52 @@ def plot_norms(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+_KIND_WORDS = {"nan": "NaN", "inf": "Inf"}
+
+
+def first_nonfinite(stats: FlowData, values: np.ndarray, present: np.ndarray) -> tuple[int, str, str] | None:
+    """(step, kind "nan"/"inf", where) of the first recorded NaN/Inf in `values` (S, M) where `present`; `where` names
+    the module a non-finite alarm of that step blamed, else the first column with the value."""
+    bad = present & ~np.isfinite(values)
+    rows = np.flatnonzero(bad.any(1))
+    if rows.size == 0:
+        return None
+    r = int(rows[0])
+    step = int(stats.steps[r])
+    kind = _kind_of(values[r][bad[r]].tolist())
+    blamed = [a.name for a in stats.alarms if a.kind == "nonfinite" and a.step == step and a.name is not None]
+    names = stats.matrix("grad_norm", "module")[0] if values.shape[1] == len(stats.modules) else list(stats.params)
+    where = blamed[0] if blamed else names[int(np.flatnonzero(bad[r])[0])]
+    return step, kind, where
+
+
+def _mark_first_nonfinite(stats: FlowData, ax: Axes, values: np.ndarray, present: np.ndarray) -> None:
+    """A dashed red line at the step of the first NaN/Inf, with a note saying which and where: lines that end there
+    do not just stop."""
+    found = first_nonfinite(stats, values, present)
+    if found is None:
+        return
+    step, kind, where = found
+    lo, hi = float(stats.steps[0]), float(stats.steps[-1])
+    if ax.name == "rectilinear" and not ax.images:  # the lines' axis: every recorded step, also those after the NaN
+        ax.set_xlim(lo - 0.03 * (hi - lo + 1), hi + 0.03 * (hi - lo + 1))
+    x = step - 0.5 if ax.images else step  # a heatmap's cell spans the step: the line at its left edge
+    ax.axvline(x, color="red", ls="--", lw=1.2, zorder=0.5)
+    after = step < hi  # the note goes where the lines have ended, right of the line, when there is room
+    ax.annotate(
+        f"first {_KIND_WORDS.get(kind, kind)} at step {step}\nin {where or '<model>'!r}",
+        xy=(x, 0.97),
+        xycoords=("data", "axes fraction"),
+        xytext=(4 if after else -4, 0),
+        textcoords="offset points",
+        ha="left" if after else "right",
+        va="top",
+        fontsize=8,
+        color="red",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "red", "alpha": 0.85},
+    )
 
 
 def _figure_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:

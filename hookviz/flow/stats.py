@@ -61,10 +61,7 @@ class FlowStats(FlowData):
         numel: dict[str, int] = {}
         for m, n in zip(self.param_modules, self.param_numel, strict=True):
             numel[m] = numel.get(m, 0) + n
-        flagged: dict[str, list[str]] = {}
-        for a in self.alarms:
-            if a.step == int(self.steps[r]) and a.name is not None:
-                flagged.setdefault(a.name, []).append(a.kind)
+        flagged = self.active_alarms(int(self.steps[r]))  # every layer an alarm names, while its condition holds
         rows = []
         for j, name in enumerate(self.modules):
             values: dict[str, float | None] = {}
@@ -120,7 +117,8 @@ class FlowStats(FlowData):
         log: bool = True,
     ) -> Figure:
         """`stat` over the recorded steps, one line per name (default: up to 8 modules that own parameters, spread
-        over the model). Returns the Figure."""
+        over the model). The first NaN/Inf is marked: a dashed red line at its step, a note naming the module (the
+        non-finite alarm's culprit where there is one), and an X where each line ends. Returns the Figure."""
         return plots.plot_norms(self, names, stat, level=level, ax=ax, log=log)
 
     # -- exports --------------------------------------------------------------------------------------------------
@@ -141,7 +139,13 @@ class FlowStats(FlowData):
         return export.to_json(self, path)
 
 
-def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: list[Alarm]) -> FlowStats:
+def _assemble(
+    chunks: list[_Chunk],
+    keys: list[str],
+    watched: _Watched,
+    alarms: list[Alarm],
+    cleared: list[tuple[str, str, int]] | None = None,
+) -> FlowStats:
     """Host chunks -> FlowStats (parameter statistics per parameter and aggregated per module); `keys`: every call
     key in column order."""
     steps = np.concatenate([c.steps for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
@@ -166,6 +170,7 @@ def _assemble(chunks: list[_Chunk], keys: list[str], watched: _Watched, alarms: 
         module_present=mpresent,
         total_grad_norm=total,
         alarms=list(alarms),
+        cleared=list(cleared or []),
     )
 
 

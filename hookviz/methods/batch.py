@@ -28,10 +28,9 @@ def chunks(total: int, batch_size: int | None) -> Iterator[tuple[int, int]]:
 
 
 def plan_rows(plan: TargetPlan, inputs: Tensor) -> TargetPlan:
-    """The plan of an expanded batch whose rows belong to the inputs `inputs` (indices into the N inputs)."""
-    if plan.indices is None:
-        return plan  # a callable scores whatever rows it is given
-    return TargetPlan(plan.indices[inputs.to(plan.indices.device)], None, plan.multi)
+    """The plan of an expanded batch whose rows belong to the inputs `inputs` (indices into the N inputs): class
+    indices gathered, or a callable's rows composed (`TargetPlan.take`: it still sees the user's rows)."""
+    return plan.take(inputs)
 
 
 def forward_scores(
@@ -78,7 +77,8 @@ def scores_and_layer(
                 # the layer's leaf connects the scores when there is a tap; else the inputs do
                 if tap is None:
                     chunk = tuple(c.detach().requires_grad_(True) for c in chunk)
-                t = resolve_targets(plan, chunk_fwd(model, chunk), stop - start)
+                row_plan = plan if stop - start == n else plan_rows(plan, rows)
+                t = resolve_targets(row_plan, chunk_fwd(model, chunk), stop - start)
         if tap is not None and taken is not None:
             acts.append(tap.one(taken).detach())
         scores.append(t.scores.detach())

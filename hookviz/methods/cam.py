@@ -18,6 +18,7 @@ from ..targets import (
     TargetPlan,
     Targets,
     TargetSpec,
+    aligned_scores,
     batched_grad,
     class_logits,
     resolve_targets,
@@ -392,7 +393,8 @@ class ScoreCAM(CAMAttribution):
 
     Args:
         batch_size: masked inputs per forward pass (rows of all inputs and channels together); results do not
-            depend on it (in eval mode). A callable target gets the output of such a batch and must act row-wise.
+            depend on it (in eval mode). A callable target is called once per channel's masks, on an output whose
+            row i belongs to input i (`hookviz.targets.aligned_scores`).
 
     Example::
 
@@ -441,25 +443,21 @@ class ScoreCAM(CAMAttribution):
                     idx = targets.indices[inputs]  # type: ignore[index]
                     scores[start:stop] = torch.softmax(class_logits(out).float(), dim=1).gather(1, idx)
                 else:
-                    scores[start:stop] = _callable_rows(plan.fn, out, stop - start, k, targets.multi)
+                    scores[start:stop] = _callable_rows(plan, out, inputs, k)
         return scores.view(n, c, k).transpose(1, 2)
 
 
-def _callable_rows(fn: Callable[[Any], Tensor], out: Any, rows: int, k: int, multi: bool) -> Tensor:
-    try:
-        s = fn(out)
-    except Exception as exc:
-        raise RuntimeError(
-            f"the target callable {getattr(fn, '__name__', fn)!r} failed on the output of a batch of masked inputs"
-        ) from exc
-    expected = (rows, k) if multi else (rows,)
-    if not isinstance(s, Tensor) or tuple(s.shape) != expected:
-        got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+def _callable_rows(plan: TargetPlan, out: Any, inputs: Tensor, k: int) -> Tensor:
+    """(rows, k) scores of a callable target on the output of masked inputs (row j masks input ``inputs[j]``); the
+    callable sees outputs of one row per user input (`aligned_scores`)."""
+    rows = inputs.shape[0]
+    s = aligned_scores(plan.take(inputs), out, rows, connected=False).scores
+    if s.shape[1] != k:
         raise ValueError(
-            f"on a batch of {rows} masked inputs the target callable must return shape {expected} (it must act row "
-            f"by row on the output), got {got}"
+            f"the target callable returned {s.shape[1]} scores per input on the masked inputs but {k} on the inputs "
+            "themselves; it must return the same (N,) or (N, K) each time"
         )
-    return s.float().reshape(rows, k)
+    return s.float()
 
 
 @register("guided-gradcam")

@@ -187,13 +187,12 @@ def _deeplift(
     assert engine.coverage is not None
     if not isinstance(output, Tensor) or output.shape[0] != 2 * n:
         raise ValueError("DeepLift needs a model output tensor with one row per input (N, classes)")
-    targets = resolve_targets(plan, output[:n], n)
-    if targets.indices is not None:
-        ref = output[n:].gather(1, targets.indices)
-    else:
-        assert plan.fn is not None
-        ref = plan.fn(output[n:])
-        ref = ref if ref.dim() == 2 else ref.unsqueeze(1)
+    if plan.fn is None:
+        targets = resolve_targets(plan, output[:n], n)
+        ref = output[n:].gather(1, targets.indices)  # type: ignore[arg-type]
+    else:  # the callable scores the rows at x and at the baselines, each time on the user's rows
+        both = resolve_targets(plan.take(torch.arange(2 * n) % n), output, 2 * n)
+        targets, ref = Targets(both.scores[:n], None, both.multi), both.scores[n:]
     # both halves are differentiated, as in captum: the baseline rows' gradients feed the max-pool rule, which
     # routes both rows' deltas. The custom backward functions do not batch under vmap: K backward passes.
     (grads,) = batched_grad(targets.scores + ref, [leaf], strategy="loop")
@@ -313,7 +312,7 @@ class DeepLiftShap(Attribution):
         rows = torch.arange(n, device=x.device).repeat_interleave(nb)  # input i paired with baselines 0..B-1
         xs = x.detach()[rows]
         bs = b.repeat(n, *(1,) * (b.dim() - 1))
-        pair_plan = TargetPlan(plan.indices[rows.cpu()], None, plan.multi) if plan.indices is not None else plan
+        pair_plan = plan.take(rows)  # a callable sees the user's inputs: one call per baseline
         mult, targets, ref, coverage = _deeplift(self.model, hooks, xs, bs, pair_plan, type(self).__name__)
         self.rule_coverage = coverage
         diff = (xs - bs).unsqueeze(1).to(mult.dtype)

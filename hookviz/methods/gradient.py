@@ -251,9 +251,10 @@ class IntegratedGradients(Attribution):
         batch_size: at most this many rows (path points) per forward/backward pass; None: all N * steps at once.
         layer, layer_input: attribute to a layer's output (input); see `InputGradientAttribution`.
 
-    Targets: None means the top class of the input x (not of each path point). Cost: N * steps rows forward and
-    backward, plus 2N rows forward for y(x) and y(x'). The expanded batch is step-major (row ``j * N + i`` is input
-    i at alpha_j).
+    Targets: None means the top class of the input x (not of each path point); a callable is called once per path
+    point, on an output whose row i belongs to input i (`hookviz.targets.aligned_scores`). Cost: N * steps rows
+    forward and backward, plus 2N rows forward for y(x) and y(x'). The expanded batch is step-major (row
+    ``j * N + i`` is input i at alpha_j).
 
     Example::
 

@@ -54,9 +54,10 @@ class SmoothGrad(Attribution):
         generator: a `torch.Generator` on the inputs' device for reproducible noise (None: the global generator).
 
     Targets: None means the top class of the *clean* input (one extra forward without gradients); ints, sequences,
-    (N, K) tensors and callables apply to every noisy copy of their input (a callable is called on each chunk's
-    output and must score its rows independently). The returned scores are the target scores averaged over the
-    noisy copies. ``additional_forward_args`` tensors with first dimension N follow their input's copies.
+    (N, K) tensors and callables apply to every noisy copy of their input (a callable is called once per noisy copy
+    of the batch, on an output whose row i belongs to input i: `hookviz.targets.aligned_scores`). The returned
+    scores are the target scores averaged over the noisy copies. ``additional_forward_args`` tensors with first
+    dimension N follow their input's copies.
 
     Noise, exactly (so a reference can replicate it): the model is prepared and restored once per call; the copies
     are drawn in order s = 0, ..., n-1, each as one call

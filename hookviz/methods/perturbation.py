@@ -48,8 +48,8 @@ class PerturbationAttribution(Attribution):
     """Shared by the perturbation methods: the clean forward pass, chunked scoring of perturbed rows, progress.
 
     ``eval_mode`` as in `Attribution`; nothing is differentiated, so there is no ``backward`` option. Targets: None
-    means the top class of the clean input; a callable target is called on each chunk's output and must score its
-    rows independently.
+    means the top class of the clean input; a callable target is called once per window or mask of the batch, on an
+    output whose row i belongs to input i (`hookviz.targets.aligned_scores`).
     """
 
     def __init__(

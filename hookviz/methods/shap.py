@@ -98,7 +98,7 @@ class GradientShap(Attribution):
         bs = b[idx.to(dev)]
         a = alpha.to(device=dev, dtype=x.dtype).view(-1, *(1,) * (x.dim() - 1))
         points = (bs + a * (xs - bs)).requires_grad_(True)
-        row_plan = TargetPlan(plan.indices[rows], None, plan.multi) if plan.indices is not None else plan
+        row_plan = plan.take(rows)  # a callable sees the user's inputs: one call per draw
         targets = resolve_targets(row_plan, self.model(points), n * s)
         (grads,) = batched_grad(targets.scores, [points], strategy=self.backward)
         per_draw = (xs - bs).unsqueeze(1).to(grads.dtype) * grads

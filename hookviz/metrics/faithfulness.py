@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from .._checks import int_at_least
 from .._modes import eval_mode
 from ..inputs import model_device
+from ..targets import TargetPlan, aligned_scores
 from ._checks import channel_sum, check_finite, check_images, check_model, class_scores, fit_maps
 
 Baseline: TypeAlias = "Literal['zeros', 'blur'] | Tensor"
@@ -93,14 +94,25 @@ def _resolve_baseline(baseline: object, images: Tensor) -> Tensor:
         ) from None
 
 
-def _scores(out: object, b: int, cls: Tensor | None, fn: Callable[[Tensor], Tensor] | None) -> Tensor:
-    """(b,) curve values: the callable's scores, or the softmax probability of the classes `cls`."""
+def _scores(
+    out: object,
+    b: int,
+    cls: Tensor | None,
+    fn: Callable[[Tensor], Tensor] | None,
+    rows: Tensor | None = None,
+    n: int = 0,
+) -> Tensor:
+    """(b,) curve values: the callable's scores, or the softmax probability of the classes `cls`. The callable sees
+    outputs of one row per image (`aligned_scores`): `rows` (b,) says which of the `n` images each row perturbs."""
     if fn is not None:
-        s = fn(out)  # type: ignore[arg-type]
-        if not isinstance(s, Tensor) or s.shape != (b,):
-            got = f"shape {tuple(s.shape)}" if isinstance(s, Tensor) else type(s).__name__
-            raise ValueError(f"the target callable must return one score per image, shape ({b},); got {got}")
-        return s.float()
+        plan = TargetPlan(None, fn, False, None if rows is None else rows.cpu(), n if rows is not None else None)
+        try:
+            s = aligned_scores(plan, out, b, connected=False).scores
+        except ValueError as exc:
+            raise ValueError(f"the target callable must return one score per image, shape (N,): {exc}") from None
+        if s.shape[1] != 1:
+            raise ValueError(f"the target callable must return one score per image, shape (N,); got {s.shape[1]} each")
+        return s[:, 0].float()
     return class_scores(out, b).float().softmax(dim=1).gather(1, cls[:, None]).squeeze(1)  # type: ignore[index]
 
 
@@ -131,11 +143,12 @@ def perturbation_curves(
     base = _resolve_baseline(baseline, x)
     fn = plan if callable(plan) and not isinstance(plan, Tensor) else None
     with eval_mode(model), torch.no_grad():
-        # checked on one image before the real work: the output's layout and the classes' range
-        probe = model(x[:1])
-        if fn is not None:
-            _scores(probe, 1, None, fn)
+        # checked before the real work: the output's layout and the classes' range
+        if fn is not None:  # the callable sees outputs of one row per image, as in every perturbed pass
+            first = torch.arange(min(n, batch_size))
+            _scores(model(x[: first.shape[0]]), first.shape[0], None, fn, first, n)
         else:
+            probe = model(x[:1])
             classes = class_scores(probe, 1).shape[1]
             if isinstance(plan, Tensor) and (plan >= classes).any():
                 raise ValueError(
@@ -161,7 +174,7 @@ def perturbation_curves(
             i, k = p // (steps + 1), p % (steps + 1)
             moved = (rank[i] < (k * per_step)[:, None]).view(-1, 1, h, w)
             out = model(torch.where(moved, end[i], start[i]))
-            curves[p] = _scores(out, p.shape[0], None if cls is None else cls[i], fn)
+            curves[p] = _scores(out, p.shape[0], None if cls is None else cls[i], fn, i, n)
     return curves.view(n, steps + 1)
 
 
@@ -193,8 +206,9 @@ def deletion(
         model: a classifier returning (N, classes) logits; run in eval mode (restored afterwards), without grad.
         images: (N, C, H, W) on any device (moved to the model's).
         attributions: (N, C', h, w) or (N, h, w) maps, h <= H, w <= W.
-        target: None (the model's top class on the images), an int, N ints, or a callable ``f(output) -> (B,)``
-            whose scores replace the softmax probability (for models whose output is not a class vector).
+        target: None (the model's top class on the images), an int, N ints, or a callable ``f(output) -> (N,)``
+            whose scores replace the softmax probability (for models whose output is not a class vector); it is
+            called once per step, on an output whose row i is image i (`hookviz.targets.aligned_scores`).
         steps: number of perturbation steps (>= 1).
         baseline: ``"zeros"`` (default, as RISE), ``"blur"`` (`blur`) or a tensor broadcastable to the images.
         batch_size: images per forward pass: bounds the memory of the N * (steps + 1) forwards.
