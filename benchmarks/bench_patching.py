@@ -54,6 +54,7 @@ def main() -> None:
     def metric(out: torch.Tensor) -> torch.Tensor:
         return out.gather(1, labels[:, None])[:, 0]
 
+    load_before = os.getloadavg()[0]
     if args.depth:
         depth_table(model, clean, corrupt, metric, args)
         return
@@ -97,7 +98,7 @@ def main() -> None:
                 torch.cuda.synchronize()
             times[name].append(time.perf_counter() - t)
     floor = statistics.median(times["one forward per site"])
-    print(f"load average before: {os.getloadavg()[0]:.2f}, after: {load_after()}")
+    print(f"load average before: {load_before:.2f}, after: {load_after()}")
     print(
         f"shapes CNN, {args.layer} x {args.kind}: {n_sites} sites, N={args.n}, device {device}, "
         f"threads {torch.get_num_threads()}, median of {args.repeats}"

@@ -144,6 +144,18 @@ def layout_of(layout: Any, key: str) -> str | None:
 
 # a layer with fewer sites runs whole forwards: checking the shared prefix costs about two of them
 SHARE_MIN_SITES = 4
+# on the CPU, a chunk with the prefix shared is mostly memory traffic (cached outputs repeated, element-wise ops of
+# the forward): past the caches' size more rows gain nothing and cost bandwidth, so a chunk holds at most this many
+# bytes of the site's activation (benchmarks/bench_patching.py: on the shapes CNN at features.4, 64 rows per forward
+# ran 2.7x faster than 384)
+SHARED_CPU_CHUNK_BYTES = 8 * 2**20
+
+
+def _shared_sites_per_forward(per_forward: int, source: Tensor, n: int) -> int:
+    if source.device.type != "cpu":
+        return per_forward
+    row = max(1, source[:1].numel() * source.element_size())
+    return max(1, min(per_forward, SHARED_CPU_CHUNK_BYTES // (row * n)))
 
 
 def patching(
@@ -175,7 +187,9 @@ def patching(
             attention's output projection). Keys follow `hookviz.record` (``"relu#1"``: second call).
         heads: the number of heads for ``"head"`` sites.
         layout: ``"nchw"``, ``"nhwc"``, ``"tokens"`` (or a dict per key); None infers (4-D NCHW, 3-D tokens).
-        batch_size: at most this many rows (sites x samples, at least N) per forward pass.
+        batch_size: at most this many rows (sites x samples, at least N) per forward pass (on the CPU with the prefix
+            shared, fewer where the site's activation would pass `SHARED_CPU_CHUNK_BYTES`: such chunks are memory
+            bound).
         direction: ``"denoise"`` patches clean activations into the corrupted run (default), ``"noise"`` corrupted
             ones into the clean run.
         eval_mode: run in eval mode (restored after).
@@ -215,9 +229,10 @@ def patching(
             index = index.to(source.device)
             n_sites = max(1, int(torch.tensor(grid).prod().item()) if grid else 1)
             plan = _shared_plan(model, target_in, key) if share_prefix and n_sites >= SHARE_MIN_SITES else None
+            sites_per_forward = per_forward if plan is None else _shared_sites_per_forward(per_forward, source, n)
             chunks = []
-            for start in range(0, n_sites, per_forward):
-                ids = torch.arange(start, min(n_sites, start + per_forward), device=source.device)
+            for start in range(0, n_sites, sites_per_forward):
+                ids = torch.arange(start, min(n_sites, start + sites_per_forward), device=source.device)
                 chunks.append(_patched_chunk(model, target_in, source, index, ids, key, metric, n, plan))
             values[key] = torch.cat(chunks, 0).reshape(*grid, n).movedim(-1, 0) if grid else chunks[0][0]
     return PatchingResult(values, m_clean, m_corrupt, kinds, direction, "exact")
