@@ -3,6 +3,7 @@ exact patching: equal where the model is linear after the site, rank-correlated 
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -301,8 +302,24 @@ def one_forward_per_site(model: nn.Module, clean, corrupt, metric, key: str, kin
     return out
 
 
+@pytest.fixture
+def always_share(monkeypatch) -> list:
+    """Sharing on wherever it is possible (not only where it pays, which the timing decides), and the plans made."""
+    module = sys.modules["hookviz.interventions.patching"]
+    monkeypatch.setattr(module, "SHARE_MIN_SAVING", 0.0)
+    plans: list = []
+    real = module._shared_plan
+
+    def spy(*args):
+        plans.append(real(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(module, "_shared_plan", spy)
+    return plans
+
+
 @pytest.mark.parametrize("arch", sorted(SHARED_SITES))
-def test_shared_prefix_gives_the_values_of_one_forward_per_site(arch, cnn) -> None:
+def test_shared_prefix_gives_the_values_of_one_forward_per_site(arch, cnn, always_share) -> None:
     """Sharing the prefix gives the loop's values bit for bit, every site of every layer, at several depths, over
     several chunks (batch_size=16: 8 sites per forward), and the whole-forward path's (`share_prefix=False`) where
     that one runs at the loop's batch (batch_size=N), in both directions. (At batch_size=16 the whole-forward path
@@ -320,6 +337,7 @@ def test_shared_prefix_gives_the_values_of_one_forward_per_site(arch, cnn) -> No
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every layer here shares its prefix: no fallback warning
         shared = hv.patching(model, clean, corrupt, metric, sites, batch_size=16)
+    assert len(always_share) == len(sites) and all(p is not None and (p.skip or p.site_cached) for p in always_share)
     for key, kind in sites.items():
         loop = one_forward_per_site(model, clean, corrupt, metric, key, kind, shared[key].shape)
         # the loop runs the prefix at batch N as sharing does, and what follows the site at N where sharing runs 16
@@ -353,7 +371,7 @@ class SideEffect(nn.Module):
         return self.head(self.mid(self.stash(x)) + self.stash.last)
 
 
-def test_a_prefix_with_side_effects_is_not_shared_and_says_so() -> None:
+def test_a_prefix_with_side_effects_is_not_shared_and_says_so(always_share) -> None:
     model = SideEffect().eval()
     g = torch.Generator().manual_seed(0)
     clean, corrupt = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
@@ -370,7 +388,7 @@ def test_a_prefix_with_side_effects_is_not_shared_and_says_so() -> None:
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
-def test_an_interrupt_in_a_shared_prefix_run_leaves_the_model_as_it_was(exc, cnn) -> None:
+def test_an_interrupt_in_a_shared_prefix_run_leaves_the_model_as_it_was(exc, cnn, always_share) -> None:
     """Raised by the user's hook after the site, in the third patched chunk: every ``forward`` the sharing set and
     every hook is gone, the modes are back."""
     model, clean, corrupt, labels = cnn
@@ -391,3 +409,26 @@ def test_an_interrupt_in_a_shared_prefix_run_leaves_the_model_as_it_was(exc, cnn
     assert not any("forward" in m.__dict__ for m in model.modules()) and hook_count(model) == 0
     assert model.features[1].training and not model.features[0].training
     model.features[1].eval()
+
+
+def test_sharing_is_skipped_where_it_would_not_pay() -> None:
+    """`skippable_share`: the time of the outermost calls that finish before the site, plus the site's, over the whole
+    forward's, from the recorded times (set by hand here: a stem of 1 s holding a conv of 0.6 s, a 2 s block, the
+    site of 0.5 s, a head of 1.5 s after it; the forward 5 s)."""
+    from hookviz.interventions.prefix import Call, skippable_share
+
+    def call(name, start, end, seconds):
+        return Call(name, start, end, seconds, output=torch.zeros(1), supported=True)
+
+    calls = {
+        "stem": call("stem", 0, 3, 1.0),
+        "stem.conv": call("stem.conv", 1, 2, 0.6),  # inside the stem: counted with it, not again
+        "block": call("block", 4, 5, 2.0),
+        "site": call("site", 6, 7, 0.5),
+        "head": call("head", 8, 9, 1.5),  # after the site: computed in every patched run
+        "": Call("", -1, 10, 5.0),
+    }
+    assert skippable_share(calls, "site") == pytest.approx((1.0 + 2.0 + 0.5) / 5.0)
+    assert skippable_share(calls, "stem") == pytest.approx(1.0 / 5.0)  # only the site itself
+    calls["block"].supported = False  # an output that cannot be cached (an object holding tensors): not skipped
+    assert skippable_share(calls, "site") == pytest.approx((1.0 + 0.5) / 5.0)

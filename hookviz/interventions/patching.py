@@ -27,7 +27,15 @@ from ..record import ActivationRecorder
 from ._common import batch_size_of, call_model, describe_shapes, expand_inputs, parse_key, prepared, same_shapes
 from .intervene import intervene
 from .layout import check_layout, edit_axes
-from .prefix import PrefixPlan, check_plan, plan_prefix, probe_calls, record_calls, short_circuited
+from .prefix import (
+    PrefixPlan,
+    check_plan,
+    plan_prefix,
+    probe_calls,
+    record_calls,
+    short_circuited,
+    skippable_share,
+)
 from .sites import parse_sites, site_index
 
 __all__ = ["PatchingResult", "patching"]
@@ -144,6 +152,9 @@ def layout_of(layout: Any, key: str) -> str | None:
 
 # a layer with fewer sites runs whole forwards: checking the shared prefix costs about two of them
 SHARE_MIN_SITES = 4
+# the prefix is shared where it saves more than this many forwards of N rows: the probe (2N) and the check (N) cost
+# about three, so sharing must save (sites x the share of the forward that can be skipped) more than that
+SHARE_MIN_SAVING = 4.0
 # on the CPU, a chunk with the prefix shared is mostly memory traffic (cached outputs repeated, element-wise ops of
 # the forward): past the caches' size more rows gain nothing and cost bandwidth, so a chunk holds at most this many
 # bytes of the site's activation (benchmarks/bench_patching.py: on the shapes CNN at features.4, 64 rows per forward
@@ -228,7 +239,7 @@ def patching(
             index, grid = site_index(source.shape, axes, kind, heads, key)
             index = index.to(source.device)
             n_sites = max(1, int(torch.tensor(grid).prod().item()) if grid else 1)
-            plan = _shared_plan(model, target_in, key) if share_prefix and n_sites >= SHARE_MIN_SITES else None
+            plan = _shared_plan(model, target_in, key, n_sites) if share_prefix and n_sites >= SHARE_MIN_SITES else None
             sites_per_forward = per_forward if plan is None else _shared_sites_per_forward(per_forward, source, n)
             chunks = []
             for start in range(0, n_sites, sites_per_forward):
@@ -238,14 +249,18 @@ def patching(
     return PatchingResult(values, m_clean, m_corrupt, kinds, direction, "exact")
 
 
-def _shared_plan(model: nn.Module, target_in: Any, key: str) -> PrefixPlan | None:
+def _shared_plan(model: nn.Module, target_in: Any, key: str, n_sites: int) -> PrefixPlan | None:
     """The prefix plan of `key`, checked on the model; None (whole forwards) when there is nothing to skip or the
     check fails (then with a warning: the user is told why the call is slower than it could be).
 
     Each layer records its own unpatched run, at N and at 2N, with the hooks of the loop at that layer (some models
-    behave differently with hooks): the prefix of one layer is not taken from a run hooked for another."""
+    behave differently with hooks): the prefix of one layer is not taken from a run hooked for another. The first
+    run also times the calls: where the sites times the share of the forward that could be skipped is under
+    `SHARE_MIN_SAVING` forwards, the probe is not paid for (no warning: nothing is wrong, sharing would not pay)."""
     site_name = parse_key(model, key, "sites")[0]
     expected, calls = record_calls(model, target_in, site_name)
+    if n_sites * skippable_share(calls, key) <= SHARE_MIN_SAVING:
+        return None  # a site early in the network: sharing would cost more than it saves
     probe = probe_calls(model, target_in, site_name, calls)[1]
     plan = plan_prefix(calls, probe, key)
     why = plan if isinstance(plan, str) else None

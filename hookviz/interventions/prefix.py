@@ -22,6 +22,7 @@ whole forwards.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,7 +37,16 @@ from ..hooks import HookManager
 from ._common import call_model, expand_inputs
 from .intervene import _first, _rebuild
 
-__all__ = ["Call", "PrefixPlan", "check_plan", "plan_prefix", "probe_calls", "record_calls", "short_circuited"]
+__all__ = [
+    "Call",
+    "PrefixPlan",
+    "check_plan",
+    "plan_prefix",
+    "probe_calls",
+    "record_calls",
+    "short_circuited",
+    "skippable_share",
+]
 
 _MISSING = object()
 
@@ -136,13 +146,14 @@ def _unread(t: Tensor, k: int, batch: bool) -> Tensor:
 @dataclass
 class Call:
     """One module call of a recorded forward: its order (``start`` when it was entered, ``end`` when it returned, on
-    one clock) and a detached copy of its output (None when the output is not tensors in tuples / lists / dicts).
-    In a probe (`probe_calls`) ``batch`` holds, per output tensor, whether it has the batch axis (None: the call
-    cannot be skipped)."""
+    one clock), the seconds it took, and a detached copy of its output (None when the output is not tensors in
+    tuples / lists / dicts). In a probe (`probe_calls`) ``batch`` holds, per output tensor, whether it has the batch
+    axis (None: the call cannot be skipped)."""
 
     name: str
     start: int
     end: int = -1
+    seconds: float = 0.0
     output: Any = None
     supported: bool = False
     batch: list[bool] | None = None
@@ -194,7 +205,9 @@ def _record(
         def forward(*args: Any, **kwargs: Any) -> Any:
             key = counter.key(name)
             call = calls[key] = Call(name, next(clock))
+            started = time.perf_counter()
             output = original(*args, **kwargs)
+            call.seconds = time.perf_counter() - started
             call.end = next(clock)
             on_output(key, call, output)
             return output
@@ -203,8 +216,24 @@ def _record(
 
     names = [n for n, _ in model.named_modules() if n]
     with torch.no_grad(), _as_the_loop_hooks(model, site_name), _forwards(model, wrap, names):
+        started = time.perf_counter()
         out = call_model(model, inputs)
+        calls[""] = Call("", -1, next(clock), time.perf_counter() - started)  # the whole forward
     return out, calls
+
+
+def skippable_share(calls: Mapping[str, Call], site: str) -> float:
+    """The share of the recorded forward's time (``calls[""]``, the whole forward) spent in calls a patched forward at
+    `site` could skip (the outermost ones that finish before it, and the site itself): an upper bound of what sharing
+    the prefix saves per patched row, known before the probe is paid for."""
+    target, total = calls.get(site), calls[""].seconds
+    if target is None or total <= 0:
+        return 0.0
+    kept: list[Call] = []
+    for call in sorted((c for k, c in calls.items() if k and c.end < target.start), key=lambda c: c.start):
+        if call.supported and not any(call.inside(k) for k in kept):
+            kept.append(call)
+    return (sum(c.seconds for c in kept) + (target.seconds if target.supported else 0.0)) / total
 
 
 def record_calls(model: nn.Module, inputs: Any, site_name: str) -> tuple[Any, dict[str, Call]]:
@@ -298,6 +327,7 @@ def plan_prefix(calls: Mapping[str, Call], probe: Mapping[str, Call], site: str)
     the probe at 2N (`probe_calls`); a string says why none can be (the two runs made different calls)."""
     if set(calls) != set(probe):
         return "the forward at batch 2N makes other module calls than at batch N"
+    calls = {k: c for k, c in calls.items() if k}  # "" is the whole forward's time
     if site not in calls:
         return "the site does not run in a forward that records module calls through their forward"
     target = calls[site]
