@@ -432,3 +432,26 @@ def test_sharing_is_skipped_where_it_would_not_pay() -> None:
     assert skippable_share(calls, "stem") == pytest.approx(1.0 / 5.0)  # only the site itself
     calls["block"].supported = False  # an output that cannot be cached (an object holding tensors): not skipped
     assert skippable_share(calls, "site") == pytest.approx((1.0 + 0.5) / 5.0)
+
+
+def test_shared_prefix_on_a_hugging_face_gpt2(always_share) -> None:
+    """A Hugging Face causal LM (tiny GPT-2 from a config, random weights): a `ModelOutput` (not a plain dict), blocks
+    returning tuples, sites at a block, inside an attention and at an MLP; the values equal whole forwards at the
+    loop's batch. (With ``use_cache=True`` the output holds a `DynamicCache`, which patching cannot split per site,
+    with or without the shared prefix.)"""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=16, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    g = torch.Generator().manual_seed(1)
+    clean, corrupt = torch.randint(50, (2, 8), generator=g), torch.randint(50, (2, 8), generator=g)
+    metric = lambda out: out.logits[:, -1, 3] - out.logits[:, -1, 5]  # noqa: E731
+    sites = {"transformer.h.1": "token", "transformer.h.2.attn.c_proj": "token", "transformer.h.1.mlp": "token"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        shared = hv.patching(model, clean, corrupt, metric, sites, batch_size=16)
+    assert all(p is not None and p.skip for p in always_share)
+    whole = hv.patching(model, clean, corrupt, metric, sites, batch_size=2, share_prefix=False)
+    for key in sites:
+        assert torch.equal(shared[key], whole[key]), key
+    assert not any("forward" in m.__dict__ for m in model.modules()) and hook_count(model) == 0
