@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -122,6 +123,16 @@ def depth_table(model: torch.nn.Module, clean: torch.Tensor, corrupt: torch.Tens
     """Channel sites at each depth: the loop (one forward per site) against `hv.patching` with the prefix shared."""
     acts = hv.cache(model, clean, layers=list(DEPTHS))
     print(f"load average before: {os.getloadavg()[0]:.2f}")
+    # whether each call shared its prefix (it declines where sharing would not pay): read off its private planner
+    module = sys.modules["hookviz.interventions.patching"]
+    planner, shared_at = module._shared_plan, {}
+
+    def spy(model, target_in, key, n_sites):
+        plan = planner(model, target_in, key, n_sites)
+        shared_at[key] = plan is not None
+        return plan
+
+    module._shared_plan = spy
 
     def loop(layer: str) -> torch.Tensor:
         out = torch.empty(args.n, acts[layer].shape[1])
@@ -151,13 +162,15 @@ def depth_table(model: torch.nn.Module, clean: torch.Tensor, corrupt: torch.Tens
             med = statistics.median(times[bs])
             diff = (results[bs] - results["loop"]).abs().max().item()
             cells.append(f"{med:.3f} s, {floor / med:.1f}x, diff {diff:.0e}")
-        rows.append(f"| {layer} | {acts[layer].shape[1]} | {floor:.3f} | " + " | ".join(cells) + " |")
+        shared = "yes" if shared_at.get(layer) else "no (would not pay)"
+        rows.append(f"| {layer} | {acts[layer].shape[1]} | {shared} | {floor:.3f} | " + " | ".join(cells) + " |")
     print(
         f"shapes CNN, channel sites per layer, N={args.n}, threads {torch.get_num_threads()}, median of "
         f"{args.repeats}; load average after: {load_after()}"
     )
-    print("| layer | sites | loop (s) | " + " | ".join(f"shared, batch_size={bs}" for bs in args.batch_sizes) + " |")
-    print("|---|---|---|" + "---|" * len(args.batch_sizes))
+    head = " | ".join(f"patching, batch_size={bs}" for bs in args.batch_sizes)
+    print(f"| layer | sites | prefix shared | loop (s) | {head} |")
+    print("|---|---|---|---|" + "---|" * len(args.batch_sizes))
     print("\n".join(rows))
 
 
