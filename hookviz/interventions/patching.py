@@ -205,9 +205,10 @@ def patching(
             ones into the clean run.
         eval_mode: run in eval mode (restored after).
         share_prefix: compute what comes before a layer once (True, the default, for layers of at least
-            `SHARE_MIN_SITES` sites): every module call that finishes before the site returns its output from the
-            unpatched run (`hookviz.interventions.prefix`, checked on the model before use, with a warning and whole
-            forwards where the check fails). False runs whole forwards. The values are the same bit for bit.
+            `SHARE_MIN_SITES` sites where it saves more than `SHARE_MIN_SAVING` forwards, judged from the timed first
+            run): every module call that finishes before the site returns its output from the unpatched run
+            (`hookviz.interventions.prefix`, checked on the model before use, with a warning and whole forwards where
+            the check fails). False runs whole forwards. The values are the loop's, bit for bit, on the CPU.
 
     Returns a `PatchingResult`: ``result[key]`` is (N, *grid) metric values; ``result.normalized()`` the fraction of
     the effect each site restores; ``result.table()`` one row per site. Cost: ceil(sites x N / batch_size) forward
