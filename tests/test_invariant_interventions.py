@@ -40,7 +40,9 @@ def _cache(model: nn.Module, x: Tensor, arch: str, bad: bool) -> None:
 
 def _patching(model: nn.Module, x: Tensor, arch: str, bad: bool) -> None:
     corrupt = x.flip(0)[:1] if bad else x.flip(0)
-    hv.patching(model, x, corrupt, lambda out: out[:, 1] - out[:, 2], EARLY[arch])
+    # many sites at one layer: the prefix is shared (module forwards replaced for the call, then restored)
+    sites = {EARLY[arch]: "channel" if arch == "resnet18" else "token"}
+    hv.patching(model, x, corrupt, lambda out: out[:, 1] - out[:, 2], sites)
 
 
 def _attribution_patching(model: nn.Module, x: Tensor, arch: str, bad: bool) -> None:

@@ -213,6 +213,7 @@ def check_untouched(model: nn.Module, x: Tensor, snap: Snapshot, grad_enabled: b
     assert _global_hooks() == [0] * 5
     for n, m in snap.modules:
         assert _hook_tables(m) == [0] * 7, f"hooks left on {n!r}"
+        assert "forward" not in m.__dict__, f"an instance forward left on {n!r}"  # patching's shared prefix sets them
     assert [m._is_full_backward_hook for _, m in snap.modules] == snap.full_backward
     for n, p in snap.params:
         assert not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None), f"tensor hook on {n}"

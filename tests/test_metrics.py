@@ -593,6 +593,12 @@ def test_evaluate_predicted_targets_and_no_sanity_column() -> None:
     a = hv.Saliency(model).attribute(data.images)  # the top class
     d = hv.deletion(model, data.images, a, steps=2)
     assert ev.value("saliency", "deletion AUC") == pytest.approx(d.mean().item())
+    assert ev.maps is None  # kept only when asked
+    kept = hv.evaluate("saliency", model, data, target="predicted", steps=2, sanity_n=0, progress=False, keep_maps=True)
+    assert kept.maps is not None and list(kept.maps) == ["saliency"] and torch.equal(kept.maps["saliency"], a)
+    assert torch.equal(kept.table, ev.table)
+    with pytest.raises(TypeError, match="keep_maps must be True or False, got 1"):
+        hv.evaluate("saliency", model, data, keep_maps=1, progress=False)
 
 
 def test_evaluate_bad_input() -> None:

@@ -3,12 +3,16 @@ exact patching: equal where the model is linear after the site, rank-correlated 
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import pytest
 import torch
 from torch import Tensor, nn
 
 import hookviz as hv
 from hookviz.interventions import replace
+from hookviz.interventions.patching import one_call
 from hookviz.zoo import shapes, shapes_model
 
 
@@ -231,3 +235,223 @@ def test_token_patching_on_the_tiny_transformer_of_notebook_05() -> None:
     approx = hv.attribution_patching(model, clean, corrupt, metric, {"encoder": "token"})
     assert torch.allclose(approx["encoder"], result["encoder"], atol=1e-5)
     assert hook_count(model) == 0
+
+
+class Position(nn.Module):
+    """A learnt (1, C, h, w) map added to every sample: an output without the batch axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, 8, 8, 8) * 0.1)
+
+    def forward(self) -> Tensor:
+        return self.weight
+
+
+class Split(nn.Module):
+    """Two halves of the channels: a tuple output."""
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x[:, :4], x[:, 4:]
+
+
+class ResidualBranch(nn.Module):
+    """A stem, two branches that meet again (the second computed after the first), a residual that skips past them,
+    one ReLU module called before the branches, inside branch ``a`` and after them, an in-place add on a branch's
+    output, a tuple output and an output without batch axis: what sharing the prefix must get right beyond a chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.relu = nn.ReLU()
+        self.pos = Position()
+        self.split = Split()
+        self.a = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), self.relu, nn.Conv2d(8, 8, 1))
+        self.b = nn.Conv2d(4, 8, 3, padding=1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.relu(self.stem(x)) + self.pos()
+        u, v = self.split(h)
+        y = self.a(u)
+        y += self.b(v)
+        return self.head((self.relu(y) + h).mean((2, 3)))
+
+
+SHARED_SITES = {
+    "shapes": {"conv2": "channel", "relu#1": "spatial", "features.1": "channel", "features.4": "channel"},
+    # "relu#2" is the ReLU's third call, after one inside the skipped branch `a`: its key must still count right
+    "residual": {"a.2": "channel", "a": "spatial", "b": "channel", "relu#2": "channel", "split": "channel"},
+}
+
+
+def one_forward_per_site(model: nn.Module, clean, corrupt, metric, key: str, kind: str, shape) -> Tensor:
+    """The loop a user writes: every site patched in its own forward of the N pairs, through `intervene`."""
+    acts = hv.cache(model, clean, layers=[key])
+    out = torch.empty(shape)
+    with torch.no_grad():
+        for site in range(shape[1] * (shape[2] if kind == "spatial" else 1)):
+            if kind == "channel":
+                edit, where = replace(acts, channels=[site]), (slice(None), site)
+            else:
+                (y, x), where = divmod(site, shape[2]), (slice(None), *divmod(site, shape[2]))
+                edit = replace(acts, region=(y, y + 1, x, x + 1))
+            with hv.intervene(model, {one_call(key): edit}):
+                out[where] = metric(model(corrupt))
+    return out
+
+
+@pytest.fixture
+def always_share(monkeypatch) -> list:
+    """Sharing on wherever it is possible (not only where it pays, which the timing decides), and the plans made."""
+    module = sys.modules["hookviz.interventions.patching"]
+    monkeypatch.setattr(module, "SHARE_MIN_SAVING", 0.0)
+    plans: list = []
+    real = module._shared_plan
+
+    def spy(*args):
+        plans.append(real(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(module, "_shared_plan", spy)
+    return plans
+
+
+@pytest.mark.parametrize("arch", sorted(SHARED_SITES))
+def test_shared_prefix_gives_the_values_of_one_forward_per_site(arch, cnn, always_share) -> None:
+    """Sharing the prefix gives the loop's values bit for bit, every site of every layer, at several depths, over
+    several chunks (batch_size=16: 8 sites per forward), and the whole-forward path's (`share_prefix=False`) where
+    that one runs at the loop's batch (batch_size=N), in both directions. (At batch_size=16 the whole-forward path
+    runs the layers before the site at batch 16, which the CPU's convolutions round differently in the last bit on
+    the residual model; sharing the prefix runs them at N, as the loop does.)"""
+    if arch == "shapes":
+        model, clean, corrupt, labels = cnn
+    else:
+        model = ResidualBranch().eval()
+        g = torch.Generator().manual_seed(2)
+        clean, corrupt, labels = torch.rand(2, 3, 8, 8, generator=g), torch.rand(2, 3, 8, 8, generator=g), None
+    labels = torch.tensor([0, 2]) if labels is None else labels
+    metric = lambda out: out.gather(1, labels[:, None])[:, 0]  # noqa: E731
+    sites = SHARED_SITES[arch]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every layer here shares its prefix: no fallback warning
+        shared = hv.patching(model, clean, corrupt, metric, sites, batch_size=16)
+    assert len(always_share) == len(sites) and all(p is not None and (p.skip or p.site_cached) for p in always_share)
+    for key, kind in sites.items():
+        loop = one_forward_per_site(model, clean, corrupt, metric, key, kind, shared[key].shape)
+        # the loop runs the prefix at batch N as sharing does, and what follows the site at N where sharing runs 16
+        # rows: the CPU kernels here compute a row alike at both batch sizes, so the max difference is 0
+        assert torch.equal(shared[key], loop), (key, (shared[key] - loop).abs().max())
+    for direction in ("denoise", "noise"):
+        shared = hv.patching(model, clean, corrupt, metric, sites, batch_size=16, direction=direction)
+        whole = hv.patching(model, clean, corrupt, metric, sites, batch_size=2, direction=direction,
+                            share_prefix=False)  # fmt: skip
+        for key in sites:
+            assert torch.equal(shared[key], whole[key]), (key, direction)
+        assert torch.equal(shared.clean, whole.clean) and torch.equal(shared.corrupt, whole.corrupt)
+    assert hook_count(model) == 0 and not any("forward" in m.__dict__ for m in model.modules())
+
+
+class Stash(nn.Module):
+    """Keeps its input on itself, for the parent to read later: a side effect a skipped call would not have."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.last = x * 2
+        return x
+
+
+class SideEffect(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stash, self.mid, self.head = Stash(), nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.mid(self.stash(x)) + self.stash.last)
+
+
+def test_a_prefix_with_side_effects_is_not_shared_and_says_so(always_share) -> None:
+    model = SideEffect().eval()
+    g = torch.Generator().manual_seed(0)
+    clean, corrupt = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    metric = lambda out: out[:, 0]  # noqa: E731
+    with pytest.warns(UserWarning, match=r"patching 'mid': the prefix is not shared.*raised RuntimeError"):
+        shared = hv.patching(model, clean, corrupt, metric, {"mid": "channel"})
+    whole = hv.patching(model, clean, corrupt, metric, {"mid": "channel"}, share_prefix=False)
+    assert torch.equal(shared["mid"], whole["mid"])
+    loop = one_forward_per_site(model, clean, corrupt, metric, "mid", "channel", (3, 4))
+    assert torch.equal(shared["mid"], loop)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with pytest.raises(TypeError, match="share_prefix must be True or False, got 'yes'"):
+        hv.patching(model, clean, corrupt, metric, {"mid": "channel"}, share_prefix="yes")
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupt_in_a_shared_prefix_run_leaves_the_model_as_it_was(exc, cnn, always_share) -> None:
+    """Raised by the user's hook after the site, in the third patched chunk: every ``forward`` the sharing set and
+    every hook is gone, the modes are back."""
+    model, clean, corrupt, labels = cnn
+    model.features[1].train()  # a mixed mode must come back mixed
+    seen = []
+
+    def boom(module, args, out):
+        seen.append(out.shape[0])
+        if sum(rows > 2 for rows in seen) == 3:  # the third forward of more than N rows: a patched chunk
+            raise exc("stop")
+
+    handle = model.head.register_forward_hook(boom)
+    try:
+        with pytest.raises(exc, match="stop"):
+            hv.patching(model, clean, corrupt, lambda out: out[:, 0], {"features.4": "channel"}, batch_size=16)
+    finally:
+        handle.remove()
+    assert not any("forward" in m.__dict__ for m in model.modules()) and hook_count(model) == 0
+    assert model.features[1].training and not model.features[0].training
+    model.features[1].eval()
+
+
+def test_sharing_is_skipped_where_it_would_not_pay() -> None:
+    """`skippable_share`: the time of the outermost calls that finish before the site, plus the site's, over the whole
+    forward's, from the recorded times (set by hand here: a stem of 1 s holding a conv of 0.6 s, a 2 s block, the
+    site of 0.5 s, a head of 1.5 s after it; the forward 5 s)."""
+    from hookviz.interventions.prefix import Call, skippable_share
+
+    def call(name, start, end, seconds):
+        return Call(name, start, end, seconds, output=torch.zeros(1), supported=True)
+
+    calls = {
+        "stem": call("stem", 0, 3, 1.0),
+        "stem.conv": call("stem.conv", 1, 2, 0.6),  # inside the stem: counted with it, not again
+        "block": call("block", 4, 5, 2.0),
+        "site": call("site", 6, 7, 0.5),
+        "head": call("head", 8, 9, 1.5),  # after the site: computed in every patched run
+        "": Call("", -1, 10, 5.0),
+    }
+    assert skippable_share(calls, "site") == pytest.approx((1.0 + 2.0 + 0.5) / 5.0)
+    assert skippable_share(calls, "stem") == pytest.approx(1.0 / 5.0)  # only the site itself
+    calls["block"].supported = False  # an output that cannot be cached (an object holding tensors): not skipped
+    assert skippable_share(calls, "site") == pytest.approx((1.0 + 0.5) / 5.0)
+
+
+def test_shared_prefix_on_a_hugging_face_gpt2(always_share) -> None:
+    """A Hugging Face causal LM (tiny GPT-2 from a config, random weights): a `ModelOutput` (not a plain dict), blocks
+    returning tuples, sites at a block, inside an attention and at an MLP; the values equal whole forwards at the
+    loop's batch. (With ``use_cache=True`` the output holds a `DynamicCache`, which patching cannot split per site,
+    with or without the shared prefix.)"""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=16, use_cache=False)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    g = torch.Generator().manual_seed(1)
+    clean, corrupt = torch.randint(50, (2, 8), generator=g), torch.randint(50, (2, 8), generator=g)
+    metric = lambda out: out.logits[:, -1, 3] - out.logits[:, -1, 5]  # noqa: E731
+    sites = {"transformer.h.1": "token", "transformer.h.2.attn.c_proj": "token", "transformer.h.1.mlp": "token"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        shared = hv.patching(model, clean, corrupt, metric, sites, batch_size=16)
+    assert all(p is not None and p.skip for p in always_share)
+    whole = hv.patching(model, clean, corrupt, metric, sites, batch_size=2, share_prefix=False)
+    for key in sites:
+        assert torch.equal(shared[key], whole[key]), key
+    assert not any("forward" in m.__dict__ for m in model.modules()) and hook_count(model) == 0

@@ -311,3 +311,44 @@ def test_interrupted_build_is_rebuilt(tmp_path, stores, data, monkeypatch):
     monkeypatch.undo()
     hv.report(stores[0], out, data=data, workers=1)  # recognised as a report: no overwrite needed
     assert json.loads((out / MARKER).read_text())["complete"] is True
+
+
+def test_cli_evaluate_report_computes_each_map_once(tmp_path, monkeypatch):
+    """`evaluate --report` shows the maps that `evaluate` scored: one `attribute` call over the images per method
+    (the sanity check's calls on its --sanity-n images apart), where it used to compute every map again for the
+    report; the report is the one built from maps computed again, file for file."""
+    from hookviz.cli import evaluate as cli_evaluate
+    from hookviz.metrics import evaluate as real_evaluate
+
+    calls: list[tuple[str, int]] = []
+    real_methods = cli_evaluate._methods
+
+    def counted(*args, **kwargs):
+        methods = real_methods(*args, **kwargs)
+        for m in methods:
+            m.attribute = wrap(m.attribute, type(m).__name__)
+        return methods
+
+    def wrap(original, name):
+        def attribute(x, *a, **kw):
+            calls.append((name, x.shape[0]))
+            return original(x, *a, **kw)
+
+        return attribute
+
+    monkeypatch.setattr(cli_evaluate, "_methods", counted)
+    argv = ["evaluate", "--methods", "gradcam,saliency", "--data", "shapes:6", "--steps", "3", "--sanity-n", "1"]
+    assert main([*argv, "--report", str(tmp_path / "once")]) == 0
+    assert sorted(c for c in calls if c[1] == 6) == [("GradCAM", 6), ("Saliency", 6)]
+    # the old path, for the comparison: evaluate keeps no maps, so the report computes them again
+    calls.clear()
+    monkeypatch.setattr("hookviz.metrics.evaluate", lambda *a, **kw: real_evaluate(*a, **{**kw, "keep_maps": False}))
+    assert main([*argv, "--report", str(tmp_path / "twice")]) == 0
+    assert sorted(c for c in calls if c[1] == 6) == [("GradCAM", 6), ("GradCAM", 6), ("Saliency", 6), ("Saliency", 6)]
+    once = sorted(p.relative_to(tmp_path / "once") for p in (tmp_path / "once").rglob("*") if p.is_file())
+    twice = sorted(p.relative_to(tmp_path / "twice") for p in (tmp_path / "twice").rglob("*") if p.is_file())
+    assert once == twice and len(once) > 5
+    differ = [p for p in once if (tmp_path / "once" / p).read_bytes() != (tmp_path / "twice" / p).read_bytes()]
+    assert differ == [Path(MARKER)]  # which holds the build time: all else is equal
+    marks = [json.loads((tmp_path / run / MARKER).read_text()) for run in ("once", "twice")]
+    assert marks[0].keys() == marks[1].keys() and all(marks[0][k] == marks[1][k] for k in marks[0] if k != "seconds")

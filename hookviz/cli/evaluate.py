@@ -95,6 +95,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
             progress=sys.stderr.isatty(),
+            keep_maps=args.report is not None,  # the report shows the maps that were scored: computed once
         )
         if args.sanity_n > 0:
             result = _with_sanity(result, args, names, methods, model, data, device, described)
@@ -209,6 +210,7 @@ def _with_sanity(
         {name: {**result.scores[name], "sanity ρ": r.final} for name, r in zip(result.methods, reports, strict=True)},
         n=result.n,
         steps=result.steps,
+        maps=result.maps,
     )
 
 

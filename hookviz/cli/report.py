@@ -81,21 +81,24 @@ def sanity_figure_for_report(args: argparse.Namespace) -> Path | None:
 def write_evaluate_report(
     args: argparse.Namespace, methods: list[Any], model: torch.nn.Module, data: Any, result: Any, tmp: Path | None
 ) -> None:
-    """The report of an evaluate run: its maps (computed again, as evaluate does), images, predictions and table."""
+    """The report of an evaluate run: its maps (those `evaluate` scored, kept in ``result.maps``; computed as evaluate
+    does when the result holds none), images, predictions and table."""
     from ..metrics.faithfulness import eval_mode
     from ..report import report
 
     try:
-        x = data.images.to(next(iter(model.parameters()), torch.empty(0)).device)
-        if args.target == "label":
-            t = data.labels.to(x.device)
-        else:
-            with eval_mode(model), torch.no_grad():
-                t = torch.cat([model(c).argmax(dim=1) for c in x.split(args.batch_size)])
-        maps = {}
-        for name, method in zip(result.methods, methods, strict=True):
-            chunks = zip(x.split(args.batch_size), t.split(args.batch_size), strict=True)
-            maps[name] = torch.cat([method.attribute(xc, tc).detach().cpu() for xc, tc in chunks])
+        maps = dict(result.maps) if result.maps is not None else {}
+        if any(name not in maps for name in result.methods):
+            x = data.images.to(next(iter(model.parameters()), torch.empty(0)).device)
+            if args.target == "label":
+                t = data.labels.to(x.device)
+            else:
+                with eval_mode(model), torch.no_grad():
+                    t = torch.cat([model(c).argmax(dim=1) for c in x.split(args.batch_size)])
+            for name, method in zip(result.methods, methods, strict=True):
+                if name not in maps:
+                    chunks = zip(x.split(args.batch_size), t.split(args.batch_size), strict=True)
+                    maps[name] = torch.cat([method.attribute(xc, tc).detach().cpu() for xc, tc in chunks])
         index = report(
             maps,
             args.report,

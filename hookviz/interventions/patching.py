@@ -6,13 +6,16 @@ corrupted run: which sites are sufficient to restore the behaviour) by default, 
 which sites are necessary) on request; the normalised score is the fraction of the clean-corrupt metric difference
 that the patch restores.
 
-Many sites run in one forward: the corrupted batch is repeated once per site of a chunk (site-major), and one
-forward hook replaces, in the k-th copy, the elements of site k by their clean values. ``batch_size`` bounds the
-rows (sites x samples) of one forward.
+Many sites run in one forward: the corrupted batch is repeated once per site of a chunk (site-major), and, in the
+k-th copy, the elements of site k are replaced by their clean values. ``batch_size`` bounds the rows (sites x
+samples) of one forward. The prefix is shared (`hookviz.interventions.prefix`): the module calls that finish before
+the site return their outputs from the one unpatched run, so a chunk computes only what comes after the site; the
+values are those of one forward per site, bit for bit.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,6 +27,15 @@ from ..record import ActivationRecorder
 from ._common import batch_size_of, call_model, describe_shapes, expand_inputs, parse_key, prepared, same_shapes
 from .intervene import intervene
 from .layout import check_layout, edit_axes
+from .prefix import (
+    PrefixPlan,
+    check_plan,
+    plan_prefix,
+    probe_calls,
+    record_calls,
+    short_circuited,
+    skippable_share,
+)
 from .sites import parse_sites, site_index
 
 __all__ = ["PatchingResult", "patching"]
@@ -138,6 +150,25 @@ def layout_of(layout: Any, key: str) -> str | None:
     return layout.get(key) if isinstance(layout, Mapping) else layout
 
 
+# a layer with fewer sites runs whole forwards: checking the shared prefix costs about two of them
+SHARE_MIN_SITES = 4
+# the prefix is shared where it saves more than this many forwards of N rows: the probe (2N) and the check (N) cost
+# about three, so sharing must save (sites x the share of the forward that can be skipped) more than that
+SHARE_MIN_SAVING = 4.0
+# on the CPU, a chunk with the prefix shared is mostly memory traffic (cached outputs repeated, element-wise ops of
+# the forward): past the caches' size more rows gain nothing and cost bandwidth, so a chunk holds at most this many
+# bytes of the site's activation (benchmarks/bench_patching.py: on the shapes CNN at features.4, 64 rows per forward
+# ran 2.7x faster than 384)
+SHARED_CPU_CHUNK_BYTES = 8 * 2**20
+
+
+def _shared_sites_per_forward(per_forward: int, source: Tensor, n: int) -> int:
+    if source.device.type != "cpu":
+        return per_forward
+    row = max(1, source[:1].numel() * source.element_size())
+    return max(1, min(per_forward, SHARED_CPU_CHUNK_BYTES // (row * n)))
+
+
 def patching(
     model: nn.Module,
     clean: Any,
@@ -150,6 +181,7 @@ def patching(
     batch_size: int = 512,
     direction: Literal["denoise", "noise"] = "denoise",
     eval_mode: bool = True,
+    share_prefix: bool = True,
 ) -> PatchingResult:
     """Activation patching: the metric of the corrupted run with each site patched from the clean run.
 
@@ -166,26 +198,36 @@ def patching(
             attention's output projection). Keys follow `hookviz.record` (``"relu#1"``: second call).
         heads: the number of heads for ``"head"`` sites.
         layout: ``"nchw"``, ``"nhwc"``, ``"tokens"`` (or a dict per key); None infers (4-D NCHW, 3-D tokens).
-        batch_size: at most this many rows (sites x samples, at least N) per forward pass.
+        batch_size: at most this many rows (sites x samples, at least N) per forward pass (on the CPU with the prefix
+            shared, fewer where the site's activation would pass `SHARED_CPU_CHUNK_BYTES`: such chunks are memory
+            bound).
         direction: ``"denoise"`` patches clean activations into the corrupted run (default), ``"noise"`` corrupted
             ones into the clean run.
         eval_mode: run in eval mode (restored after).
+        share_prefix: compute what comes before a layer once (True, the default, for layers of at least
+            `SHARE_MIN_SITES` sites where it saves more than `SHARE_MIN_SAVING` forwards, judged from the timed first
+            run): every module call that finishes before the site returns its output from the unpatched run
+            (`hookviz.interventions.prefix`, checked on the model before use, with a warning and whole forwards where
+            the check fails). False runs whole forwards. The values are the loop's, bit for bit, on the CPU.
 
     Returns a `PatchingResult`: ``result[key]`` is (N, *grid) metric values; ``result.normalized()`` the fraction of
     the effect each site restores; ``result.table()`` one row per site. Cost: ceil(sites x N / batch_size) forward
-    passes per layer, plus two.
+    passes per layer, of only the part after the site when the prefix is shared (plus a probe at batch 2N and one
+    check per layer), plus two. Memory: one forward of `batch_size` rows, plus the module outputs of one unpatched
+    forward of N rows when the prefix is shared.
     """
     kinds, n = check_patching_args(model, clean, corrupt, metric, sites, heads, layout, direction)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int (rows per forward), got {batch_size!r}")
+    if not isinstance(share_prefix, bool):
+        raise TypeError(f"share_prefix must be True or False, got {share_prefix!r}")
     source_in, target_in = (clean, corrupt) if direction == "denoise" else (corrupt, clean)
     with prepared(model, eval_mode):
-        m_clean, acts = run_with_cache(model, clean, list(kinds), metric)
-        m_clean = _check_metric_value(m_clean, n)
+        m_source, acts = run_with_cache(model, source_in, list(kinds), metric)
+        m_source = _check_metric_value(m_source, n)
         with torch.no_grad():
-            m_corrupt = _check_metric_value(metric(call_model(model, corrupt)), n)
-        if direction == "noise":
-            _, acts = run_with_cache(model, corrupt, list(kinds), metric)
+            m_target = _check_metric_value(metric(call_model(model, target_in)), n)
+        m_clean, m_corrupt = (m_source, m_target) if direction == "denoise" else (m_target, m_source)
         values = {}
         per_forward = max(1, batch_size // n)
         for key, kind in kinds.items():
@@ -198,28 +240,73 @@ def patching(
             index, grid = site_index(source.shape, axes, kind, heads, key)
             index = index.to(source.device)
             n_sites = max(1, int(torch.tensor(grid).prod().item()) if grid else 1)
-            out = []
-            for start in range(0, n_sites, per_forward):
-                ids = torch.arange(start, min(n_sites, start + per_forward), device=source.device)
-                out.append(_patched_chunk(model, target_in, source, index, ids, key, metric, n))
-            values[key] = torch.cat(out, 0).reshape(*grid, n).movedim(-1, 0) if grid else out[0][0]
+            plan = _shared_plan(model, target_in, key, n_sites) if share_prefix and n_sites >= SHARE_MIN_SITES else None
+            sites_per_forward = per_forward if plan is None else _shared_sites_per_forward(per_forward, source, n)
+            chunks = []
+            for start in range(0, n_sites, sites_per_forward):
+                ids = torch.arange(start, min(n_sites, start + sites_per_forward), device=source.device)
+                chunks.append(_patched_chunk(model, target_in, source, index, ids, key, metric, n, plan))
+            values[key] = torch.cat(chunks, 0).reshape(*grid, n).movedim(-1, 0) if grid else chunks[0][0]
     return PatchingResult(values, m_clean, m_corrupt, kinds, direction, "exact")
+
+
+def _shared_plan(model: nn.Module, target_in: Any, key: str, n_sites: int) -> PrefixPlan | None:
+    """The prefix plan of `key`, checked on the model; None (whole forwards) when there is nothing to skip or the
+    check fails (then with a warning: the user is told why the call is slower than it could be).
+
+    Each layer records its own unpatched run, at N and at 2N, with the hooks of the loop at that layer (some models
+    behave differently with hooks): the prefix of one layer is not taken from a run hooked for another. The first
+    run also times the calls: where the sites times the share of the forward that could be skipped is under
+    `SHARE_MIN_SAVING` forwards, the probe is not paid for (no warning: nothing is wrong, sharing would not pay)."""
+    site_name = parse_key(model, key, "sites")[0]
+    expected, calls = record_calls(model, target_in, site_name)
+    if n_sites * skippable_share(calls, key) <= SHARE_MIN_SAVING:
+        return None  # a site early in the network: sharing would cost more than it saves
+    probe = probe_calls(model, target_in, site_name, calls)[1]
+    plan = plan_prefix(calls, probe, key)
+    why = plan if isinstance(plan, str) else None
+    if isinstance(plan, PrefixPlan):
+        if not plan.skip and not plan.site_cached:
+            return None
+        why = check_plan(model, target_in, plan, expected)
+    if why is not None:
+        warnings.warn(
+            f"patching {key!r}: the prefix is not shared, every chunk runs the whole model: {why}; pass "
+            "share_prefix=False to silence this",
+            stacklevel=3,
+        )
+        return None
+    return plan  # type: ignore[return-value]
 
 
 def _patched_chunk(
     model: nn.Module, target_in: Any, source: Tensor, index: Tensor, ids: Tensor, key: str, metric: Metric, n: int,
+    plan: PrefixPlan | None = None,
 ) -> Tensor:  # fmt: skip
-    """The metric (k, N) of k copies of the target run, copy j with the elements of site ``ids[j]`` patched."""
+    """The metric (k, N) of k copies of the target run, copy j with the elements of site ``ids[j]`` patched; with a
+    `plan`, the calls before the site are not run but taken from the unpatched run."""
     k = ids.numel()
-    view = (k,) + (1,) * source.dim()
-    mask = index.unsqueeze(0) == ids.reshape(view)  # (k, 1, *one sample) bool
+    # the elements each copy takes from the source: (copy j, element e of one sample), found once per chunk; writing
+    # only them into a copy of the target activation reads and writes far less than a where() over every element
+    site_of = index.expand(1, *source.shape[1:]).reshape(-1)
+    element = torch.nonzero((site_of >= ids[0]) & (site_of <= ids[-1]))[:, 0]
+    copy = site_of[element] - ids[0]
+    values = source.reshape(n, -1)[:, element].T  # (elements, N)
+    fresh = plan is not None and plan.site_cached  # the site's output is then a copy made for this run alone
 
     def patch(a: Tensor) -> Tensor:
-        a = a.reshape(k, n, *a.shape[1:])
-        return torch.where(mask, source.unsqueeze(0).to(a.dtype), a).reshape(k * n, *a.shape[2:])
+        out = a if fresh else a.clone()
+        out.view(k, n, -1)[copy, :, element] = values.to(a.dtype)
+        return out
 
-    with torch.no_grad(), intervene(model, {one_call(key): patch}):
+    edits = short_circuited(model, plan, k, patch) if plan is not None else intervene(model, {one_call(key): patch})
+    with torch.no_grad(), edits as fired:
         out = call_model(model, expand_inputs(target_in, k))
+    if plan is not None and not fired:
+        raise RuntimeError(
+            f"patching with a shared prefix: the site {key!r} did not run in a patched forward (its control flow "
+            "changed between runs); pass share_prefix=False"
+        )
     # the metric sees N rows aligned with the inputs (it may close over per-sample labels), once per copy
     return torch.stack([_check_metric_value(metric(slice_rows(out, j * n, (j + 1) * n)), n) for j in range(k)])
 

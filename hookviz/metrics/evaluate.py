@@ -34,7 +34,8 @@ METRICS: dict[str, bool] = {
 @dataclass
 class Evaluation:
     """Result of `evaluate`: ``table`` (M, K) holds the mean of each metric (NaN ignored) for each method;
-    ``scores[method][metric]`` the per-sample values ((N,), or (sanity_n,) for the sanity check)."""
+    ``scores[method][metric]`` the per-sample values ((N,), or (sanity_n,) for the sanity check); ``maps[method]``
+    the attributions that were scored, (N, ...) on the CPU, when `evaluate` was asked to keep them (else None)."""
 
     methods: list[str]
     metrics: list[str]
@@ -42,6 +43,7 @@ class Evaluation:
     scores: dict[str, dict[str, Tensor]] = field(repr=False)
     n: int = 0
     steps: int = 0
+    maps: dict[str, Tensor] | None = field(default=None, repr=False)
 
     def value(self, method: str, metric: str) -> float:
         """The table entry for one method and metric."""
@@ -120,6 +122,7 @@ def evaluate(
     seed: int = 42,
     batch_size: int = 64,
     progress: bool = True,
+    keep_maps: bool = False,
 ) -> Evaluation:
     """Evaluate attribution methods on a data set with object masks: a methods x metrics table.
 
@@ -137,6 +140,8 @@ def evaluate(
         target: ``"label"`` (the data's labels) or ``"predicted"`` (the model's top class).
         batch_size: images per explanation / forward pass.
         progress: a tqdm bar.
+        keep_maps: keep the attributions that were scored in ``result.maps`` (on the CPU), e.g. for a report of the
+            same maps (`hookviz.report`) without computing them again.
 
     Returns:
         An `Evaluation` (renders as a table in notebooks; ``.to_markdown()``).
@@ -150,17 +155,22 @@ def evaluate(
     number_at_least("tolerance", tolerance, 0, "a distance in pixels")
     sanity_n = int_at_least("sanity_n", sanity_n, 0, "images for the sanity check")
     batch_size = int_at_least("batch_size", batch_size, 1, "images per forward pass")
+    if not isinstance(keep_maps, bool):
+        raise TypeError(f"keep_maps must be True or False, got {keep_maps!r}")
     device = model_device(model)
     x, masks = x.to(device), masks.to(device)
     t = _targets(model, x, labels, target, batch_size)
     metrics = [m for m in METRICS if m != "sanity ρ" or sanity_n > 0]
     bar = progress_bar(total=len(pairs) * 4, enabled=progress, desc="evaluate", unit="step")
     scores: dict[str, dict[str, Tensor]] = {}
+    maps: dict[str, Tensor] = {}
     try:
         for name, method in pairs:
             bar.set_description(f"{name}: explain")
             chunks = zip(x.split(batch_size), t.split(batch_size), strict=True)
             attr = torch.cat([method.attribute(xc, tc).detach() for xc, tc in chunks])
+            if keep_maps:
+                maps[name] = attr.cpu()
             s = {"pointing game": pointing_game(attr, masks, tolerance), "energy in mask": energy_in_mask(attr, masks)}
             _tick(bar, f"{name}: deletion")
             s["deletion AUC"] = deletion(
@@ -178,7 +188,9 @@ def evaluate(
     finally:
         bar.close()
     table = torch.tensor([[scores[name][m].nanmean().item() for m in metrics] for name, _ in pairs])
-    return Evaluation([name for name, _ in pairs], metrics, table, scores, n=x.shape[0], steps=steps)
+    return Evaluation(
+        [name for name, _ in pairs], metrics, table, scores, n=x.shape[0], steps=steps, maps=maps if keep_maps else None
+    )
 
 
 def _check_data(data: Any) -> tuple[Tensor, Tensor, Tensor]:
