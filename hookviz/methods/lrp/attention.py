@@ -36,7 +36,9 @@ def attend(
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention with F.scaled_dot_product_attention's semantics (boolean masks: True
     takes part; float masks are added; `causal`: the upper triangle masked; `gqa`: key/value heads repeated),
-    decomposed into the product, softmax and product rules. Returns (output, attention probabilities)."""
+    decomposed into the product, softmax and product rules (without dropout: as one Function that recomputes the
+    scores and probabilities in the backward pass, `TransformerOps.attention`). Returns (output, attention
+    probabilities)."""
     n_q, n_k = q.size(-2), k.size(-2)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
     if gqa and q.dim() >= 3 and k.size(-3) != q.size(-3):
@@ -51,6 +53,10 @@ def attend(
         if m.dtype == torch.bool:
             m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         bias = m if bias is None else bias + m
+    if dropout_p == 0:
+        fused = ops.attention(what, q, k, v, bias, scale)
+        if fused is not None:
+            return fused
     s = ops.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)
     if bias is not None:
         s = ops.sum(f"{what} mask", s, bias, (True, False))  # the mask absorbs its share, as in an eager model

@@ -36,6 +36,12 @@ class RuleCall:
         self.z = z.detach()
         return z
 
+    def hand_on_only(self) -> Tensor:
+        """The output, handed on without keeping even an alias: for rules whose backward recomputes it."""
+        z = self.z
+        self.z = None  # type: ignore[assignment]
+        return z
+
     def output(self, recompute: Callable[[], Tensor]) -> Tensor:
         """The output as the forward pass computed it; `recompute` (from the inputs) where the model changed it in
         place afterwards (``scores += mask``, ``masked_fill_``): the outputs are handed on without a copy."""
@@ -59,8 +65,13 @@ def _per_input(t: Tensor, n: int) -> Tensor:
 
 
 def _audit(call: RuleCall, r: Tensor, *r_in: Tensor) -> None:
+    audit_entry(call.entry, r, *r_in)
+
+
+def audit_entry(entry: AuditEntry, r: Tensor, *r_in: Tensor) -> None:
+    """Add the relevance that entered a rule call (`r`) and left it (`r_in`, per factor) to its audit `entry`."""
     n = r.shape[0] if r.dim() > 0 else 1
-    call.entry.add(_per_input(r, n), sum(_per_input(t, n) for t in r_in))
+    entry.add(_per_input(r, n), sum(_per_input(t, n) for t in r_in))
 
 
 class _PassFn(torch.autograd.Function):

@@ -18,7 +18,7 @@ from ..rules import Rule as EngineRule
 from .attention import MHA, SDPA, mha, sdpa
 from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
-from .products import _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn
+from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
 from .reach import InputReach
 from .rulecall import NOT_HANDLED, RuleCall, _PassFn
 from .rules import Rule
@@ -198,18 +198,20 @@ class TransformerOps:
         return _BroadcastSumFn.apply(a if link is None else link, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
-    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
-        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule; a factor
-        that does not depend on the input is a constant (the other then gets all the relevance: LRP-epsilon on a
-        linear map)."""
-        da, db = self.depends(a), self.depends(b)
-        rule = self.rules.product
+    def shares(self, da: bool, db: bool, ta: bool, tb: bool) -> tuple[float, float]:
+        """The product rule's shares of two factors that depend on the input (`da`, `db`) or not, and are gates
+        (`ta`, `tb`: attention probabilities, activation outputs) or not: half each; CP-LRP holds a gate (the other
+        factor gets all); a constant factor gets none (the other then gets all: LRP-epsilon on a linear map)."""
         if da and db:
-            wa = wb = 0.5
-            if rule.hold_gates and self.tagged(a) != self.tagged(b):
-                wa, wb = (0.0, 1.0) if self.tagged(a) else (1.0, 0.0)
-        else:
-            wa, wb = float(da), float(db)
+            if self.rules.product.hold_gates and ta != tb:
+                return (0.0, 1.0) if ta else (1.0, 0.0)
+            return 0.5, 0.5
+        return float(da), float(db)
+
+    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
+        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule (`shares`)."""
+        rule = self.rules.product
+        wa, wb = self.shares(self.depends(a), self.depends(b), self.tagged(a), self.tagged(b))
         a0, b0 = a.detach(), b.detach()
         with torch.no_grad():
             z = _product(kind, a0, b0, scale)
@@ -252,6 +254,34 @@ class TransformerOps:
         if val.shape != x.shape or val.dtype != x.dtype:
             return NOT_HANDLED
         return x.copy_(_PassFn.apply(x, (val,)))
+
+    def attention(
+        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float
+    ) -> tuple[Tensor, Tensor] | None:
+        """``softmax(scale q kᵀ + bias) v`` as one `_AttentionFn` (the q kᵀ product, mask sum, softmax and p v product
+        rules, with their audit entries, from q, k, v alone: scores and probabilities are recomputed in the backward
+        pass, not kept): (output, probabilities, detached). None where q or k does not depend on the input or the mask
+        does (the decomposed calls then decide each rule from the graph)."""
+        if not (self.depends(q) and self.depends(k)) or self.depends(bias):
+            return None
+        rules = self.rules
+        e_qk = self.entry(f"{what} q@k", rules.product)
+        e_mask = None if bias is None else self.entry(f"{what} mask", self.sum_rule)
+        e_soft = self.entry(f"{what} softmax", rules.softmax)
+        e_pv = self.entry(f"{what} p@v", rules.product)
+        self.attention_calls += 1
+        wq, wk = self.shares(True, True, self.tagged(q), self.tagged(k))
+        wp, wv = self.shares(True, self.depends(v), True, self.tagged(v))  # p: a gate that depends on the input
+        q0, k0, v0 = q.detach(), k.detach(), v.detach()
+        b0 = None if bias is None else bias.detach()
+        with torch.no_grad():
+            _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
+            o = torch.matmul(p, v0)
+        stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
+        extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
+                 rules.softmax.hold)  # fmt: skip
+        call = RuleCall(e_pv, rules.product, (q0, k0, v0), o, extra)
+        return _AttentionFn.apply(q, k, v, call), p
 
     # -- softmax ------------------------------------------------------------------------------------------------
     def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor:

@@ -1,0 +1,70 @@
+"""What the AttnLRP / CP-LRP rules keep for the backward pass: attention as one Function that recomputes its scores
+and probabilities (equal to the decomposed calls, map and audit), and what the rules hold after the forward pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import hookviz as hv
+from hookviz.methods.lrp.transformer_ops import TransformerOps
+
+
+class SdpaBlock(nn.Module):
+    """One attention block on (N, T, D) tokens through F.scaled_dot_product_attention, with a mask of `mask` kind."""
+
+    def __init__(self, mask: str, d: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.mask, self.h = mask, heads
+        self.qkv, self.proj, self.head = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Linear(d, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        kw: dict = {}
+        if self.mask == "causal":
+            kw["is_causal"] = True
+        elif self.mask == "bool":
+            keep = torch.ones(t, t, dtype=torch.bool)
+            keep[:, -2:] = False  # the last two keys masked out for every query
+            kw["attn_mask"] = keep
+        elif self.mask == "float":
+            kw["attn_mask"] = torch.linspace(-1.0, 1.0, t * t, dtype=x.dtype).reshape(t, t)
+        o = F.scaled_dot_product_attention(q, k, v, **kw).transpose(1, 2).reshape(n, t, d)
+        return self.head((x + self.proj(o)).mean(1))
+
+
+def _run(model: nn.Module, composite: str, x: Tensor) -> tuple[Tensor, list[tuple[str, str, Tensor, Tensor]]]:
+    lrp = hv.LRP(model, composite)
+    r = lrp.attribute(x, target=1)
+    assert lrp.audit is not None
+    audit = [(e.name, e.rule, e.entered, e.left) for e in lrp.audit.entries]
+    return r, audit
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float"])
+def test_fused_attention_equals_the_decomposed_calls(
+    mask: str, composite: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-Function attention (scores and probabilities recomputed in the backward pass) against the q kᵀ, mask,
+    softmax and p v calls it replaces, with the default epsilon and stabilizer (1e-6), maps and audit entries."""
+    torch.manual_seed(0)
+    model = SdpaBlock(mask).double().eval()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    fused, fused_audit = _run(model, composite, x)
+    monkeypatch.setattr(TransformerOps, "attention", lambda self, *args: None)  # every attention decomposed
+    decomposed, decomposed_audit = _run(model, composite, x)
+    # float64, the same operations on the same numbers in the same order: equal up to rounding
+    torch.testing.assert_close(fused, decomposed, rtol=1e-12, atol=1e-15)
+    assert float(fused.abs().sum()) > 0
+    assert [a[:2] for a in fused_audit] == [a[:2] for a in decomposed_audit]
+    assert any("softmax" in a[0] for a in fused_audit)
+    assert (mask == "none") != any("mask" in a[0] for a in fused_audit)
+    for (name, _, ent, left), (_, _, ent2, left2) in zip(fused_audit, decomposed_audit, strict=True):
+        assert (ent is None) == (ent2 is None), name
+        if ent is not None:
+            torch.testing.assert_close(ent, ent2, rtol=1e-12, atol=1e-15, msg=name)
+            torch.testing.assert_close(left, left2, rtol=1e-12, atol=1e-15, msg=name)
