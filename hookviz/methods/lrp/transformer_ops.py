@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
 from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
 from .reach import InputReach
-from .rulecall import NOT_HANDLED, RuleCall, _PassFn
+from .rulecall import NOT_HANDLED, Kept, Recompute, RuleCall, _PassFn
 from .rules import Rule
 from .transformer import TransformerRules
 
@@ -66,14 +67,25 @@ class TransformerOps:
     every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
 
     def __init__(
-        self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule, reach: InputReach
+        self,
+        rules: TransformerRules,
+        entry: EntryCall,
+        linear: LinearCall,
+        sum_rule: Rule,
+        reach: InputReach,
+        keep: Callable[[Tensor], Kept],
+        recompute: Callable[[Tensor, Any, Tensor, str], Tensor],
     ) -> None:
         self.rules = rules
+        self.keep = keep  # what a rule keeps of a tensor it read (`LRPRun.keep`)
+        self.recompute = recompute  # registers an output computed again in the backward pass (`LRPRun.recompute`)
         self.reach = reach
         self.sum_rule = sum_rule
         self.entry = entry
         self.linear = linear
-        self.tags: dict[int, Tensor] = {}  # id -> tensor: softmax and activation outputs (gates CP-LRP holds)
+        # id -> weak reference: softmax and activation outputs (gates CP-LRP holds); weak, so that a gate no rule reads
+        # is freed during the forward pass
+        self.tags: dict[int, weakref.ref[Tensor]] = {}
         self.attention_calls = 0
         self._open: list[tuple[str, int]] = []  # attention modules being run: (name, attention calls at entry)
 
@@ -88,11 +100,12 @@ class TransformerOps:
         return self.reach.depends(t)
 
     def tag(self, t: Tensor) -> Tensor:
-        self.tags[id(t)] = t
+        self.tags[id(t)] = weakref.ref(t)
         return t
 
     def tagged(self, t: object) -> bool:
-        return isinstance(t, Tensor) and self.tags.get(id(t)) is t
+        ref = self.tags.get(id(t)) if isinstance(t, Tensor) else None
+        return ref is not None and ref() is t
 
     # -- attention modules --------------------------------------------------------------------------------------
     def enter_attention(self, name: str) -> None:
@@ -194,7 +207,7 @@ class TransformerOps:
         """``a + b`` with the sum rule; `depend`: which sides depend on the input (the others absorb their share);
         `link`: the tensor the graph runs through for `a` (the original of an in-place call's copy)."""
         a0, b0 = a.detach(), b.detach()
-        call = RuleCall(self.entry(what, self.sum_rule), self.sum_rule, (a0, b0), a0 + b0, depend)
+        call = RuleCall(self.entry(what, self.sum_rule), self.sum_rule, (self.keep(a), self.keep(b)), a0 + b0, depend)
         return _BroadcastSumFn.apply(a if link is None else link, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
@@ -215,7 +228,7 @@ class TransformerOps:
         a0, b0 = a.detach(), b.detach()
         with torch.no_grad():
             z = _product(kind, a0, b0, scale)
-        call = RuleCall(self.entry(what, rule), rule, (a0, b0), z, (kind, scale, wa, wb))
+        call = RuleCall(self.entry(what, rule), rule, (self.keep(a), self.keep(b)), z, (kind, scale, wa, wb))
         return _ProductFn.apply(a, b, call)
 
     def _matmul(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -280,7 +293,7 @@ class TransformerOps:
         stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
         extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
                  rules.softmax.hold)  # fmt: skip
-        call = RuleCall(e_pv, rules.product, (q0, k0, v0), o, extra)
+        call = RuleCall(e_pv, rules.product, (self.keep(q), self.keep(k), self.keep(v)), o, extra)
         return _AttentionFn.apply(q, k, v, call), p
 
     # -- softmax ------------------------------------------------------------------------------------------------
@@ -307,10 +320,14 @@ class TransformerOps:
         return self.softmax(self._where(SOFTMAX_FUNCTIONS[func]), s, dim, lambda t: func(t, dim, *extra, **rest))
 
     # -- normalisation ------------------------------------------------------------------------------------------
-    def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap) -> Tensor:
+    def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """`y` = ``fn(x)``, a normalisation, with `NormIdentity`; `y` is computed again by `fn` where a backward
+        pass needs it (`recompute`), not kept."""
         rule = self.rules.norm
-        call = RuleCall(self.entry(what, rule), rule, (x.detach(),), y.detach(), nm)
-        return _NormIdentityFn.apply(x, call)
+        kx = self.keep(x)
+        again = Recompute(fn, kx, what, cache=True)  # read by the layers after it (three projections), then by it
+        call = RuleCall(self.entry(what, rule), rule, (kx,), again, nm)
+        return self.recompute(_NormIdentityFn.apply(x, call, (y.detach(),)), again, x, what)
 
     def _norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
         bound = _signature(func).bind(*args, **kwargs)
@@ -325,7 +342,7 @@ class TransformerOps:
         nm = NormMap(is_ln, dims, a["weight"], a.get("bias") if is_ln else None, eps)
         with torch.no_grad():
             y = func(*args, **kwargs)
-        return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm)
+        return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm, lambda t: func(**{**a, "input": t}))
 
 
 @functools.cache
