@@ -68,3 +68,76 @@ def test_fused_attention_equals_the_decomposed_calls(
         if ent is not None:
             torch.testing.assert_close(ent, ent2, rtol=1e-12, atol=1e-15, msg=name)
             torch.testing.assert_close(left, left2, rtol=1e-12, atol=1e-15, msg=name)
+
+
+def _kept_storages(scores: Tensor) -> dict[int, tuple[int, ...]]:
+    """data pointer -> shape of every tensor the rules' autograd Functions keep (``ctx.call``) in the graph of
+    `scores` (a `Recompute` keeps its source only)."""
+    from hookviz.methods.lrp.rulecall import Recompute
+
+    kept: dict[int, tuple[int, ...]] = {}
+
+    def add(obj: object, depth: int = 0) -> None:
+        if isinstance(obj, Tensor):
+            kept[obj.untyped_storage().data_ptr()] = tuple(obj.shape)
+        elif isinstance(obj, Recompute):
+            add(obj.source, depth + 1)
+        elif isinstance(obj, (tuple, list)) and depth < 3:
+            for o in obj:
+                add(o, depth + 1)
+        elif hasattr(obj, "__slots__") and depth < 2:
+            for name in obj.__slots__:
+                if name not in ("entry", "rule", "layer", "fn"):
+                    add(getattr(obj, name, None), depth + 1)
+
+    seen, stack = set(), [scores.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        add(getattr(node, "call", None))
+        stack.extend(f for f, _ in node.next_functions)
+    return kept
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+def test_rules_keep_no_probabilities_activations_or_norm_outputs(
+    composite: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a timm ViT (fused attention): after the forward pass the rules keep no (N, heads, T, T) tensor and no output
+    of a block's LayerNorm or GELU (computed again in the backward pass), but do keep the first MLP layer's outputs
+    (the input the GELU is computed again from)."""
+    timm = pytest.importorskip("timm")
+    import hookviz.methods.lrp.lrp as lrp_module
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+        mlp_ratio=2, num_classes=5,
+    ).eval()  # fmt: skip
+    outputs: dict[str, list[Tensor]] = {"recomputed": [], "fc1": []}  # held here: no address is reused
+    handles = []
+    for name, m in model.named_modules():
+        if name.startswith("blocks.") and isinstance(m, (nn.LayerNorm, nn.GELU)):
+            handles.append(m.register_forward_hook(lambda m, a, out: outputs["recomputed"].append(out)))
+        elif name.endswith("mlp.fc1"):
+            handles.append(m.register_forward_hook(lambda m, a, out: outputs["fc1"].append(out)))
+    found: dict[int, tuple[int, ...]] = {}
+    grad = lrp_module.batched_grad
+
+    def spy(scores: Tensor, inputs: list[Tensor], **kw: object) -> list[Tensor]:
+        found.update(_kept_storages(scores))
+        return grad(scores, inputs, **kw)
+
+    monkeypatch.setattr(lrp_module, "batched_grad", spy)
+    x = torch.randn(2, 3, 32, 32)
+    r = hv.LRP(model, composite).attribute(x, target=1)
+    for h in handles:
+        h.remove()
+    assert r.shape == x.shape and found
+    assert len(outputs["recomputed"]) == 2 * 3 and len(outputs["fc1"]) == 2
+    assert not [s for s in found.values() if s == (2, 2, 17, 17)]  # attention probabilities / scores
+    ptrs = {o.untyped_storage().data_ptr() for o in outputs["recomputed"]}
+    assert not ptrs & set(found)
+    assert {o.untyped_storage().data_ptr() for o in outputs["fc1"]} <= set(found)

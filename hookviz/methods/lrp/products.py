@@ -39,9 +39,11 @@ def softmax_relevance(s: Tensor, p: Tensor | None, r: Tensor, dim: int) -> tuple
     """`Softmax`'s rule: (the relevance `r` in `p`'s dtype, the relevance at the logits `s`); `p` None: held (zero)."""
     if p is None:
         return r, torch.zeros_like(s)
-    logits = torch.where(torch.isfinite(s), s, torch.zeros((), dtype=s.dtype, device=s.device))
+    logits = torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite logits get none: one kernel
     r = r.to(p.dtype)
-    return r, (logits * (r - p * r.sum(dim, keepdim=True))).to(s.dtype)
+    t = p * r.sum(dim, keepdim=True)
+    torch.sub(r, t, out=t)  # in place: one (N, heads, L, S) temporary fewer at the backward pass's peak
+    return r, t.mul_(logits).to(s.dtype)
 
 
 def _product(kind: str, a: Tensor, b: Tensor, scale: float) -> Tensor:
@@ -96,12 +98,22 @@ def product_relevance(
 ) -> tuple[Tensor | None, Tensor | None]:
     """`Uniform`'s rule on ``z = scale * (a @ b)`` or ``scale * a * b``: each factor's share (`wa`, `wb`; None where
     zero) of ``factor * d<z, R / stab(z)>/d factor``."""
-    g = r / stabilize(z, epsilon)
+    g = stabilize(z, epsilon)
+    torch.div(r, g, out=g)  # R / stab(z), in place on the fresh denominator
     grads = _product_vjp(kind, a, b, scale, g, wa, wb)
     del g
-    ra = a * grads.pop(0) * wa if wa != 0 else None
-    rb = b * grads.pop(0) * wb if wb != 0 else None
+    ra = _times(a, grads.pop(0), wa) if wa != 0 else None
+    rb = _times(b, grads.pop(0), wb) if wb != 0 else None
     return ra, rb
+
+
+def _times(f: Tensor, g: Tensor, w: float) -> Tensor:
+    """``f * g * w`` (the same numbers), in place on `g`, a fresh gradient, where its layout and dtype allow."""
+    if g.shape == f.shape and g.dtype == f.dtype and g._base is None and g.is_contiguous():
+        out = g.mul_(f)
+    else:
+        out = f * g
+    return out if w == 1.0 else out.mul_(w)
 
 
 class _BroadcastSumFn(torch.autograd.Function):

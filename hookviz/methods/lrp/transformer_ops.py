@@ -269,12 +269,14 @@ class TransformerOps:
         return x.copy_(_PassFn.apply(x, (val,)))
 
     def attention(
-        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float
-    ) -> tuple[Tensor, Tensor] | None:
+        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, need_p: bool
+    ) -> tuple[Tensor, Tensor | None] | None:
         """``softmax(scale q kᵀ + bias) v`` as one `_AttentionFn` (the q kᵀ product, mask sum, softmax and p v product
         rules, with their audit entries, from q, k, v alone: scores and probabilities are recomputed in the backward
-        pass, not kept): (output, probabilities, detached). None where q or k does not depend on the input or the mask
-        does (the decomposed calls then decide each rule from the graph)."""
+        pass, not kept): (output, probabilities if `need_p`, detached). The output is computed by
+        ``F.scaled_dot_product_attention`` (no (N, heads, L, S) tensor in the forward pass) unless `need_p`. None where
+        q or k does not depend on the input or the mask does (the decomposed calls then decide each rule from the
+        graph)."""
         if not (self.depends(q) and self.depends(k)) or self.depends(bias):
             return None
         rules = self.rules
@@ -287,9 +289,13 @@ class TransformerOps:
         wp, wv = self.shares(True, self.depends(v), True, self.tagged(v))  # p: a gate that depends on the input
         q0, k0, v0 = q.detach(), k.detach(), v.detach()
         b0 = None if bias is None else bias.detach()
+        p = None
         with torch.no_grad():
-            _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
-            o = torch.matmul(p, v0)
+            if need_p:
+                _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
+                o = torch.matmul(p, v0)
+            else:
+                o = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=b0, scale=scale)
         stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
         extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
                  rules.softmax.hold)  # fmt: skip
