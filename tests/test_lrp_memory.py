@@ -141,3 +141,28 @@ def test_rules_keep_no_probabilities_activations_or_norm_outputs(
     ptrs = {o.untyped_storage().data_ptr() for o in outputs["recomputed"]}
     assert not ptrs & set(found)
     assert {o.untyped_storage().data_ptr() for o in outputs["fc1"]} <= set(found)
+
+
+def test_audit_sums_in_one_buffer_equal_separate_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's per-entry sums, written into one buffer per pass (`AuditBook`), equal the sums kept as separate
+    tensors, also accumulated over K = 2 targets (two backward passes)."""
+    from hookviz.methods.lrp.audit import AuditBook
+
+    torch.manual_seed(1)
+    model = SdpaBlock("float").double().eval()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    targets = torch.tensor([[0, 2], [1, 0]])
+    lrp = hv.LRP(model, "attn-lrp")
+    lrp.attribute(x, target=targets)
+    assert lrp.audit is not None
+    booked = [(e.name, e.entered, e.left) for e in lrp.audit.entries]
+    assert all(
+        e.book is not None and e.entered is not None and e.entered._base is e.book.buffer for e in lrp.audit.entries
+    )
+    monkeypatch.setattr(AuditBook, "rows", lambda self, row, like: None)  # every sum its own tensor, as before
+    lrp.attribute(x, target=targets)
+    assert [e.name for e in lrp.audit.entries] == [b[0] for b in booked]
+    for (name, ent, left), e in zip(booked, lrp.audit.entries, strict=True):
+        assert e.entered is not None and e.entered._base is None
+        torch.testing.assert_close(ent, e.entered, rtol=0, atol=0, msg=name)  # float64, the same additions
+        torch.testing.assert_close(left, e.left, rtol=0, atol=0, msg=name)

@@ -42,7 +42,7 @@ from ..cam_layer import is_attention_module
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
-from .audit import AuditEntry
+from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
 from .reach import InputReach
@@ -236,6 +236,7 @@ class LRPRun:
         self.named = composite.resolve_names(model)
         self.first_done = False
         self.entries: list[AuditEntry] = []
+        self.book = AuditBook(self.entries)
         self.counts: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
         # output id -> (weak reference to the output, its Recompute, its version then): activation and normalisation
@@ -329,7 +330,7 @@ class LRPRun:
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         self.counts[name] += 1
         k = self.counts[name]
-        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name)
+        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name, book=self.book, row=len(self.entries))
         self.entries.append(e)
         return e
 
