@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .rulecall import Recompute, RuleCall, _audit
-from .rules import stabilize
+from .rules import stabilized_ratio
 
 
 def _eps_of(module: nn.Module, x: Tensor) -> float:
@@ -119,7 +119,7 @@ class _NormIdentityFn(torch.autograd.Function):
         y = call.output(lambda: nm.forward(x))
         if isinstance(call.z, Recompute):
             call.z.release()  # every reader of y ran its backward before this one
-        s = r / stabilize(y, call.rule.epsilon)
+        s = stabilized_ratio(r, y, call.rule.epsilon)
         r_in = (x * nm.transpose(s, nm.sigma(x))).to(x.dtype)
         _audit(call, r, r_in)
         return r_in, None, None

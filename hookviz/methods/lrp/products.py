@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .rulecall import RuleCall, _audit, _per_input, audit_entry
-from .rules import stabilize
+from .rules import stabilized_ratio
 
 
 class _SoftmaxFn(torch.autograd.Function):
@@ -98,8 +98,7 @@ def product_relevance(
 ) -> tuple[Tensor | None, Tensor | None]:
     """`Uniform`'s rule on ``z = scale * (a @ b)`` or ``scale * a * b``: each factor's share (`wa`, `wb`; None where
     zero) of ``factor * d<z, R / stab(z)>/d factor``."""
-    g = stabilize(z, epsilon)
-    torch.div(r, g, out=g)  # R / stab(z), in place on the fresh denominator
+    g = stabilized_ratio(r, z, epsilon)
     grads = _product_vjp(kind, a, b, scale, g, wa, wb)
     del g
     ra = _times(a, grads.pop(0), wa) if wa != 0 else None
@@ -142,7 +141,7 @@ def sum_relevance(
 ) -> list[Tensor | None]:
     """The sum rule on ``z = a + b`` (broadcasting): ``R_a = a R / stab(z)`` summed over a's broadcast axes (same
     for b); None for a side that does not depend on the input (`depend`)."""
-    s = r / stabilize(z, stabilizer)
+    s = stabilized_ratio(r, z, stabilizer)
     return [(t * s).sum_to_size(t.shape) if keep else None for t, keep in zip((a, b), depend, strict=True)]
 
 

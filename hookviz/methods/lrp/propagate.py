@@ -47,7 +47,7 @@ from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LI
 from .norm import norm_map
 from .reach import InputReach
 from .rulecall import Kept, Recompute, _PassFn, value
-from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
+from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
 from .transformer import NormIdentity, module_kind
 from .transformer_ops import TransformerOps
 
@@ -187,7 +187,7 @@ class _NormFn(_RuleFn):
         call = ctx.call
         x, z = call.input(), call.output()
         assert call.fn is not None and isinstance(call.rule, Norm)
-        s = r / stabilize(z, call.rule.stabilizer)
+        s = stabilized_ratio(r, z, call.rule.stabilizer)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
             (g,) = torch.autograd.grad(call.fn(xr), xr, s)
@@ -211,7 +211,7 @@ class _SumFn(torch.autograd.Function):
         call = ctx.call
         a, b = call.input(), value(call.others[0])
         assert isinstance(call.rule, Norm)
-        s = r / stabilize(call.output(), call.rule.stabilizer)
+        s = stabilized_ratio(r, call.output(), call.rule.stabilizer)
         ra, rb = a * s, b * s
         _audit(call, r, ra + rb)
         return ra, rb, None
@@ -508,7 +508,10 @@ class LRPRun:
         if isinstance(out, Tensor):
             grads = [a for a in args if self.reach.depends(a)]
             if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                return _PassFn.apply(grads[0], (out.detach(),))
+                x = grads[0]
+                again = lambda t: func(*[t if a is x else a for a in args], **kwargs)  # noqa: E731
+                what = AFFINE_FUNCTIONS.get(func, _name(func))
+                return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, what)
         engine_call.output = out
         return NotImplemented
 

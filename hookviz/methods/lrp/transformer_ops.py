@@ -177,7 +177,8 @@ class TransformerOps:
         x = args[0] if args else kwargs.get("input")
         if not self.depends(x):
             return NOT_HANDLED
-        return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+        out = _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+        return self.recompute(out, func, x, self._where(NEGATIONS[func])) if len(args) == 1 and not kwargs else out
 
     def _keep_tag(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if args and self.tagged(args[0]):
@@ -250,8 +251,10 @@ class TransformerOps:
             return self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
         x = a if da else b
         out = func(*args, **kwargs)
-        if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged
-            return _PassFn.apply(x, (out.detach(),))
+        if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged; computed again where read
+            c = b if da else a
+            again = (lambda t: func(t, c)) if da else (lambda t: func(c, t))
+            return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, self._where(MUL_FUNCTIONS[func]))
         return (
             self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
             if isinstance(a, Tensor) and isinstance(b, Tensor)
