@@ -276,10 +276,10 @@ class TransformerOps:
     ) -> tuple[Tensor, Tensor | None] | None:
         """``softmax(scale q kᵀ + bias) v`` as one `_AttentionFn` (the q kᵀ product, mask sum, softmax and p v product
         rules, with their audit entries, from q, k, v alone: scores and probabilities are recomputed in the backward
-        pass, not kept): (output, probabilities if `need_p`, detached). The output is computed by
-        ``F.scaled_dot_product_attention`` (no (N, heads, L, S) tensor in the forward pass) unless `need_p`. None where
-        q or k does not depend on the input or the mask does (the decomposed calls then decide each rule from the
-        graph)."""
+        pass, not kept): (output, probabilities if `need_p`, detached). The output is computed as the backward pass
+        computes it again (``F.scaled_dot_product_attention`` would differ by rounding, and the epsilon rule divides by
+        it: with epsilon 0, by a slightly different number near zero). None where q or k does not depend on the input
+        or the mask does (the decomposed calls then decide each rule from the graph)."""
         if not (self.depends(q) and self.depends(k)) or self.depends(bias):
             return None
         rules = self.rules
@@ -292,13 +292,11 @@ class TransformerOps:
         wp, wv = self.shares(True, self.depends(v), True, self.tagged(v))  # p: a gate that depends on the input
         q0, k0, v0 = q.detach(), k.detach(), v.detach()
         b0 = None if bias is None else bias.detach()
-        p = None
-        with torch.no_grad():
-            if need_p:
-                _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
-                o = torch.matmul(p, v0)
-            else:
-                o = F.scaled_dot_product_attention(q0, k0, v0, attn_mask=b0, scale=scale)
+        with torch.no_grad():  # as the backward pass computes them again: the same numbers, z / z = 1 exactly
+            _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
+            o = torch.matmul(p, v0)
+        if not need_p:
+            p = None
         stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
         extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
                  rules.softmax.hold)  # fmt: skip
