@@ -185,3 +185,26 @@ def test_audit_sums_in_one_buffer_equal_separate_tensors(monkeypatch: pytest.Mon
         assert e.entered is not None and e.entered._base is None
         torch.testing.assert_close(ent, e.entered, rtol=0, atol=0, msg=name)  # float64, the same additions
         torch.testing.assert_close(left, e.left, rtol=0, atol=0, msg=name)
+
+
+def test_random_activation_in_training_mode_is_not_computed_again() -> None:
+    """nn.RReLU in training mode draws its slopes at random: the rules read the output the forward pass drew (a
+    float64 LRP-epsilon reference from the hooked forward values), never a second draw."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.RReLU(0.1, 0.9), nn.Linear(8, 3)).double().train()
+    seen: dict[str, Tensor] = {}
+    for i in range(3):
+        model[i].register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(str(i), out.detach().clone()))
+    x = torch.randn(4, 6, dtype=torch.float64) - 0.5  # negative inputs: the random slopes matter
+    r = hv.LRP(model, "attn-lrp", eval_mode=False).attribute(x, target=1)
+    assert model.training
+
+    def stab(z: Tensor) -> Tensor:
+        return z + torch.where(z >= 0, 1e-6, -1e-6).to(z.dtype)
+
+    z2, h, z1 = seen["2"], seen["1"], seen["0"]
+    r_out = torch.zeros_like(z2)
+    r_out[:, 1] = z2[:, 1]  # relevance starts at the target's score
+    r_h = h * ((r_out / stab(z2)) @ model[2].weight)  # epsilon on the last layer, with the drawn activation
+    want = x * ((r_h / stab(z1)) @ model[0].weight)  # the activation passes relevance; epsilon on the first layer
+    torch.testing.assert_close(r, want, rtol=1e-10, atol=1e-12)  # float64, the paper's formulas

@@ -401,7 +401,8 @@ class LRPRun:
             out = _PassFn.apply(x, (output.detach(),))
             if self.ops is None:
                 return out
-            if not getattr(module, "inplace", False):  # recomputed by its own forward (no hooks), out of place
+            # computed again by its own forward (no hooks) where read; not an in-place module, nor a random one
+            if not getattr(module, "inplace", False) and not (isinstance(module, nn.RReLU) and module.training):
                 self.recompute(out, module.forward, x, name)
             return self.ops.tag(out)  # an activation's output: a gate for CP-LRP
         if isinstance(rule, NormIdentity) and self.ops is not None:
