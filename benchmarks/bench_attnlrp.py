@@ -12,13 +12,17 @@ can cost), hookviz ``LRP("attn-lrp")`` and ``LRP("cp-lrp")``, and ``lxt`` where 
 cannot here: it has no map for timm's ViT, and its BERT is a copy of transformers 4's modelling file, which does
 not import under transformers 5; the row then says why). The rows of a model are timed round-robin, ``--repeats``
 times, median in ms; peak memory of one call in a fresh process per row (peak RSS above the resident memory just
-before the call, as in ``bench_peers.py``). Writes ``<out>.json`` and ``<out>.md``.
+before the call, as in ``bench_peers.py``), and the live-heap peak of a second call in that process (glibc's
+``mallinfo2``: bytes allocated, read after every aten operation, above those allocated before the call): what the
+tensors need, without the heap glibc grows and keeps in a fresh process (the floor's first-call RSS is nearly twice its
+live peak). Writes ``<out>.json`` and ``<out>.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import json
 import os
 import statistics
@@ -220,6 +224,50 @@ def agreement(name: str, model: nn.Module, x: torch.Tensor, variant: str) -> dic
     return out
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
+
+
+def _heap_reader() -> Callable[[], int] | None:
+    """Bytes allocated now (glibc: the heap's chunks in use plus mmapped ones); None off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    def read() -> int:
+        m = libc.mallinfo2()
+        return int(m.uordblks + m.hblkhd)
+
+    return read
+
+
+def live_peak_mib(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float | None:
+    """Peak of the bytes allocated during ``fn(x)`` above those allocated before, read after every aten operation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    read = _heap_reader()
+    if read is None:
+        return None
+
+    class Peak(TorchDispatchMode):
+        top = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            Peak.top = max(Peak.top, read())
+            return out
+
+    start = read()
+    Peak.top = start
+    with Peak():
+        fn(x)
+    return (Peak.top - start) / 2**20
+
+
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     model = make_model(args.child_model)
@@ -227,17 +275,18 @@ def child(args: argparse.Namespace) -> None:
     x = make_input(args.child_model, args.batch)
     before = _reset_peak_kib()
     fn(x)
-    print(json.dumps({"peak_mib": max(0.0, (_status_kib("VmHWM") - before) / 1024)}))
+    rss = max(0.0, (_status_kib("VmHWM") - before) / 1024)
+    print(json.dumps({"peak_mib": rss, "live_peak_mib": live_peak_mib(fn, x)}))
 
 
-def peak(row: str, model: str, args: argparse.Namespace) -> float | None:
+def peak(row: str, model: str, args: argparse.Namespace) -> dict[str, float | None] | None:
     cmd = [sys.executable, __file__, "--child-row", row, "--child-model", model, "--batch", str(args.batch),
            "--threads", str(args.threads)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print(f"memory run failed for {row} {model}: {proc.stderr.strip()[-300:]}", file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_mib"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -284,11 +333,16 @@ def main() -> None:
         mems = {row: (None if args.no_memory else peak(row, name, args)) for row in fns}
         for row in fns:
             med = statistics.median(times[row])
-            mem, mem_floor = mems[row], mems["floor"]
+            m, m_floor = mems[row] or {}, mems["floor"] or {}
+            mem, mem_floor = m.get("peak_mib"), m_floor.get("peak_mib")
+            live, live_floor = m.get("live_peak_mib"), m_floor.get("live_peak_mib")
             ratio = None if mem is None or not mem_floor else mem / mem_floor
+            live_ratio = None if live is None or not live_floor else live / live_floor
             results.append({"model": name, "row": row, "ms": med, "x_floor": med / floor, "peak_mib": mem,
-                            "mem_x_floor": ratio, "vs_lxt": agree.get(row), "times": times[row]})  # fmt: skip
-            print(f"{name:10s} {row:18s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB", flush=True)
+                            "mem_x_floor": ratio, "live_peak_mib": live, "live_x_floor": live_ratio,
+                            "vs_lxt": agree.get(row), "times": times[row]})  # fmt: skip
+            print(f"{name:10s} {row:18s} {med:9.1f} ms  {med / floor:5.2f}x floor  peak {mem} MiB  live {live} MiB",
+                  flush=True)  # fmt: skip
     meta = {"torch": torch.__version__, "threads": args.threads, "batch": args.batch, "repeats": args.repeats}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
@@ -296,17 +350,22 @@ def main() -> None:
         f"AttnLRP / CP-LRP vs the gradient floor, CPU ({meta['threads']} thread(s)), N = {args.batch}, median of "
         f"{args.repeats}, torch {meta['torch']}; models {', '.join(args.models)}, random weights",
         "",
-        "| model | row | ms | x floor | peak MiB | memory x floor | hookviz vs lxt: max rel. diff. (frozen / grad) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | row | ms | x floor | peak RSS MiB | RSS x floor | live heap MiB | live x floor "
+        "| hookviz vs lxt: max rel. diff. (frozen / grad) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r["ms"] is None:
-            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - | - | - |")
+            lines.append(f"| {r['model']} | {r['row']} | fails: {r['error']} | - | - | - | - | - | - |")
             continue
         mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
         mx = "-" if r["mem_x_floor"] is None else f"{r['mem_x_floor']:.2f}"
+        live = "-" if r.get("live_peak_mib") is None else f"{r['live_peak_mib']:.0f}"
+        lx = "-" if r.get("live_x_floor") is None else f"{r['live_x_floor']:.2f}"
         vs = "-" if r.get("vs_lxt") is None else f"{r['vs_lxt']['frozen']:.1e} / {r['vs_lxt']['grad']:.1e}"
-        lines.append(f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} | {mx} | {vs} |")
+        lines.append(
+            f"| {r['model']} | {r['row']} | {r['ms']:.1f} | {r['x_floor']:.2f} | {mem} | {mx} | {live} | {lx} | {vs} |"
+        )
     Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -33,10 +33,13 @@ def attend(
     causal: bool,
     scale: float | None,
     gqa: bool,
-) -> tuple[Tensor, Tensor]:
+    need_p: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention with F.scaled_dot_product_attention's semantics (boolean masks: True
     takes part; float masks are added; `causal`: the upper triangle masked; `gqa`: key/value heads repeated),
-    decomposed into the product, softmax and product rules. Returns (output, attention probabilities)."""
+    decomposed into the product, softmax and product rules (without dropout: as one Function that recomputes the
+    scores and probabilities in the backward pass, `TransformerOps.attention`). Returns (output, attention
+    probabilities, or None where not `need_p` and the one Function computed the output)."""
     n_q, n_k = q.size(-2), k.size(-2)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
     if gqa and q.dim() >= 3 and k.size(-3) != q.size(-3):
@@ -51,6 +54,10 @@ def attend(
         if m.dtype == torch.bool:
             m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         bias = m if bias is None else bias + m
+    if dropout_p == 0:
+        fused = ops.attention(what, q, k, v, bias, scale, need_p)
+        if fused is not None:
+            return fused
     s = ops.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)
     if bias is not None:
         s = ops.sum(f"{what} mask", s, bias, (True, False))  # the mask absorbs its share, as in an eager model
@@ -108,11 +115,12 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
     mask = _mha_mask(attn_mask, padding, n, h, n_q, n_k, q.dtype, q.device)
     causal = bool(a["is_causal"]) and attn_mask is None
     dropout = a["dropout_p"] if a["training"] else 0.0
-    o, p = attend(ops, where, q, k, v, mask, dropout, causal, None, False)
+    o, p = attend(ops, where, q, k, v, mask, dropout, causal, None, False, bool(a["need_weights"]))
     o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
     out = ops.linear(o, a["out_proj_weight"], a["out_proj_bias"], f"{where} out_proj")
     weights = None
     if a["need_weights"]:
+        assert p is not None
         weights = p.detach().mean(1) if a["average_attn_weights"] else p.detach()
         weights = weights.squeeze(0) if unbatched else weights
     return (out.squeeze(1) if unbatched else out), weights

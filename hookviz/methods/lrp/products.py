@@ -1,6 +1,7 @@
 r"""The softmax and product rules of AttnLRP / CP-LRP as autograd Functions whose backward *is* the rule: softmax
 $$ R_{s,i} = s_i (R_i - p_i \sum_j R_j) $$ (zero for held probabilities), the uniform rule on products of two
-input-dependent tensors, and the sum rule on sums that broadcast (see `transformer` for the rules' definitions)."""
+input-dependent tensors, the sum rule on sums that broadcast (see `transformer` for the rules' definitions), and
+attention without dropout as one Function that applies the three in turn from q, k and v alone."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .rulecall import RuleCall, _audit
-from .rules import stabilize
+from .rulecall import RuleCall, _audit, _per_input, audit_entry
+from .rules import stabilized_ratio
 
 
 class _SoftmaxFn(torch.autograd.Function):
@@ -27,16 +28,22 @@ class _SoftmaxFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None]:
         call = ctx.call
         (s,) = call.inputs()
-        if call.rule.hold:
-            r_in = torch.zeros_like(s)
-        else:
-            dim = call.extra
-            p = call.output(lambda: torch.softmax(s.to(call.z.dtype), dim))
-            logits = torch.where(torch.isfinite(s), s, torch.zeros((), dtype=s.dtype, device=s.device))
-            r = r.to(p.dtype)
-            r_in = (logits * (r - p * r.sum(dim, keepdim=True))).to(s.dtype)
+        dim = call.extra
+        p = None if call.rule.hold else call.output(lambda: torch.softmax(s.to(call.z.dtype), dim))
+        r, r_in = softmax_relevance(s, p, r, dim)
         _audit(call, r, r_in)
         return r_in, None
+
+
+def softmax_relevance(s: Tensor, p: Tensor | None, r: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """`Softmax`'s rule: (the relevance `r` in `p`'s dtype, the relevance at the logits `s`); `p` None: held (zero)."""
+    if p is None:
+        return r, torch.zeros_like(s)
+    logits = torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0)  # non-finite logits get none: one kernel
+    r = r.to(p.dtype)
+    t = p * r.sum(dim, keepdim=True)
+    torch.sub(r, t, out=t)  # in place: one (N, heads, L, S) temporary fewer at the backward pass's peak
+    return r, t.mul_(logits).to(s.dtype)
 
 
 def _product(kind: str, a: Tensor, b: Tensor, scale: float) -> Tensor:
@@ -84,12 +91,32 @@ class _ProductFn(torch.autograd.Function):
         call = ctx.call
         a, b = call.inputs()
         kind, scale, wa, wb = call.extra
-        g = r / stabilize(call.output(lambda: _product(kind, a, b, scale)), call.rule.epsilon)
-        grads = _product_vjp(kind, a, b, scale, g, wa, wb)
-        ra = a * grads.pop(0) * wa if wa != 0 else None
-        rb = b * grads.pop(0) * wb if wb != 0 else None
+        z = call.output(lambda: _product(kind, a, b, scale))
+        ra, rb = product_relevance(kind, a, b, z, scale, wa, wb, call.rule.epsilon, r)
         _audit(call, r, *(t for t in (ra, rb) if t is not None))
         return ra, rb, None
+
+
+def product_relevance(
+    kind: str, a: Tensor, b: Tensor, z: Tensor, scale: float, wa: float, wb: float, epsilon: float, r: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
+    """`Uniform`'s rule on ``z = scale * (a @ b)`` or ``scale * a * b``: each factor's share (`wa`, `wb`; None where
+    zero) of ``factor * d<z, R / stab(z)>/d factor``."""
+    g = stabilized_ratio(r, z, epsilon)
+    grads = _product_vjp(kind, a, b, scale, g, wa, wb)
+    del g
+    ra = _times(a, grads.pop(0), wa) if wa != 0 else None
+    rb = _times(b, grads.pop(0), wb) if wb != 0 else None
+    return ra, rb
+
+
+def _times(f: Tensor, g: Tensor, w: float) -> Tensor:
+    """``f * g * w`` (the same numbers), in place on `g`, a fresh gradient, where its layout and dtype allow."""
+    if g.shape == f.shape and g.dtype == f.dtype and g._base is None and g.is_contiguous():
+        out = g.mul_(f)
+    else:
+        out = f * g
+    return out if w == 1.0 else out.mul_(w)
 
 
 class _BroadcastSumFn(torch.autograd.Function):
@@ -108,7 +135,70 @@ class _BroadcastSumFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         call = ctx.call
         a, b = call.inputs()
-        s = r / stabilize(call.output(lambda: a + b), call.rule.stabilizer)
-        shares = [(t * s).sum_to_size(t.shape) if keep else None for t, keep in zip((a, b), call.extra, strict=True)]
+        shares = sum_relevance(a, b, call.output(lambda: a + b), call.extra, call.rule.stabilizer, r)
         _audit(call, r, *(t for t in shares if t is not None))
         return shares[0], shares[1], None
+
+
+def sum_relevance(
+    a: Tensor, b: Tensor, z: Tensor, depend: tuple[bool, bool], stabilizer: float, r: Tensor
+) -> list[Tensor | None]:
+    """The sum rule on ``z = a + b`` (broadcasting): ``R_a = a R / stab(z)`` summed over a's broadcast axes (same
+    for b); None for a side that does not depend on the input (`depend`)."""
+    s = stabilized_ratio(r, z, stabilizer)
+    return [(t * s).sum_to_size(t.shape) if keep else None for t, keep in zip((a, b), depend, strict=True)]
+
+
+class _AttentionFn(torch.autograd.Function):
+    """Output: ``softmax(scale q kᵀ + bias) v`` (attention without dropout); backward: the product rule on p v, the
+    softmax rule, the sum rule on the mask (which absorbs its share) and the product rule on q kᵀ, in that order, each
+    audited under its own entry, exactly as the decomposed calls (`_ProductFn`, `_BroadcastSumFn`, `_SoftmaxFn`) do.
+
+    Only q, k, v (views of the projections' outputs, kept by those layers' rules anyway) and the mask are kept: the
+    scores, probabilities and output are recomputed in the backward pass, as a fused kernel's backward does, instead of
+    holding two (N, heads, L, S) tensors per layer from the forward to the end of the backward pass.
+    ``call.extra``: (bias, scale, (q@k, mask, softmax, p@v entries), (wq, wk, wp, wv) shares, product epsilon, sum
+    stabilizer, softmax held)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, call: RuleCall) -> Tensor:
+        ctx.call = call
+        return call.hand_on_only()  # recomputed in the backward pass
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, r: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+        call = ctx.call
+        q, k, v = call.inputs()
+        bias, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), eps, stabilizer, hold = call.extra
+        kt = k.transpose(-2, -1)
+        s, sm, p = attention_probabilities(q, kt, bias, scale)
+        rp, rv = product_relevance("matmul", p, v, torch.matmul(p, v), 1.0, wp, wv, eps, r)
+        audit_entry(e_pv, r, *(t for t in (rp, rv) if t is not None))
+        if rp is None or hold:  # nothing reaches the logits: q and k get none (zeros in the decomposed calls)
+            n = r.shape[0] if r.dim() > 0 else 1
+            zero = r.new_zeros(n)
+            e_soft.add(zero if rp is None else _per_input(rp, n), zero)
+            for e in (e_mask, e_qk):
+                if e is not None:
+                    e.add(zero, zero)
+            return None, None, rv, None
+        rp, rs = softmax_relevance(sm, p, rp, -1)
+        audit_entry(e_soft, rp, rs)
+        del p, rp
+        if bias is not None:
+            (share, _) = sum_relevance(s, bias, sm, (True, False), stabilizer, rs)
+            assert share is not None
+            audit_entry(e_mask, rs, share)
+            rs = share
+        del sm
+        rq, rk = product_relevance("matmul", q, kt, s, scale, wq, wk, eps, rs)
+        audit_entry(e_qk, rs, *(t for t in (rq, rk) if t is not None))
+        return rq, None if rk is None else rk.transpose(-2, -1), rv, None
+
+
+def attention_probabilities(q: Tensor, kt: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(scores ``scale q kᵀ``, masked scores, probabilities) computed as the decomposed calls compute them."""
+    s = _product("matmul", q, kt, scale)
+    sm = s if bias is None else s + bias
+    return s, sm, torch.softmax(sm, -1)

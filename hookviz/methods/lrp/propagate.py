@@ -26,6 +26,7 @@ their relevance is their plain gradient.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,12 +42,12 @@ from ..cam_layer import is_attention_module
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
-from .audit import AuditEntry
+from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
 from .reach import InputReach
-from .rulecall import _PassFn
-from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilize
+from .rulecall import Kept, Recompute, _PassFn, value
+from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
 from .transformer import NormIdentity, module_kind
 from .transformer_ops import TransformerOps
 
@@ -105,15 +106,15 @@ class _Call:
 
     __slots__ = ("entry", "rule", "layer", "x", "z", "fn", "version", "others", "graph_x", "zversion")
 
-    def __init__(self, entry: AuditEntry, rule: Rule, x: Tensor, z: Tensor | None) -> None:
+    def __init__(self, entry: AuditEntry, rule: Rule, x: Kept, z: Tensor | None) -> None:
         self.entry = entry
         self.rule = rule
         self.layer: Affine | None = None
         self.x = x
         self.z = z
         self.fn: Callable[[Tensor], Tensor] | None = None
-        self.version = x._version
-        self.others: tuple[Tensor, ...] = ()
+        self.version = x._version if isinstance(x, Tensor) else 0  # a Recompute checks its own source
+        self.others: tuple[Kept, ...] = ()
         self.graph_x: Tensor | None = None  # the input as the graph has it (for folding a BatchNorm in later)
         self.zversion = 0
 
@@ -136,9 +137,11 @@ class _Call:
             return self.layer.forward(x, self.layer.weight, self.layer.bias)
         if self.fn is not None:
             return self.fn(x)
-        return x + self.others[0]  # a sum of two branches
+        return x + value(self.others[0])  # a sum of two branches
 
     def input(self) -> Tensor:
+        if isinstance(self.x, Recompute):
+            return self.x()
         if self.x._version != self.version:
             raise RuntimeError(
                 f"LRP: the input of {self.entry.name!r} was modified in place after the layer read it, so its rule "
@@ -184,7 +187,7 @@ class _NormFn(_RuleFn):
         call = ctx.call
         x, z = call.input(), call.output()
         assert call.fn is not None and isinstance(call.rule, Norm)
-        s = r / stabilize(z, call.rule.stabilizer)
+        s = stabilized_ratio(r, z, call.rule.stabilizer)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
             (g,) = torch.autograd.grad(call.fn(xr), xr, s)
@@ -206,9 +209,9 @@ class _SumFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor, Tensor, None]:
         call = ctx.call
-        a, b = call.input(), call.others[0]
+        a, b = call.input(), value(call.others[0])
         assert isinstance(call.rule, Norm)
-        s = r / stabilize(call.output(), call.rule.stabilizer)
+        s = stabilized_ratio(r, call.output(), call.rule.stabilizer)
         ra, rb = a * s, b * s
         _audit(call, r, ra + rb)
         return ra, rb, None
@@ -227,11 +230,19 @@ class LRPRun:
         self.composite = composite
         self.hooks = hooks
         self.canonize = canonize
+        # a BatchNorm is folded into the layer before it (`fold`), which needs that layer's input as the graph has it:
+        # kept (`produced`) only in models with a BatchNorm, not to hold every linear layer's input for nothing
+        self.folds = canonize and any(isinstance(m, BATCH_NORMS) for m in model.modules())
         self.named = composite.resolve_names(model)
         self.first_done = False
         self.entries: list[AuditEntry] = []
+        self.book = AuditBook(self.entries)
         self.counts: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+        # output id -> (weak reference to the output, its Recompute, its version then): activation and normalisation
+        # outputs, which the transformer composites' rules compute again in the backward pass instead of keeping them
+        # (`keep`); weak, so that an output no rule reads is freed during the forward pass as it would be without LRP
+        self.recipes: dict[int, tuple[weakref.ref[Tensor], Recompute, int]] = {}
         self.coverage: Coverage | None = None
         self.engine: RuleEngine | None = None
         rules = composite.transformer
@@ -239,7 +250,9 @@ class LRPRun:
         self.ops = (
             None
             if rules is None
-            else TransformerOps(rules, self.entry, self.functional_linear, composite.sum_rule, self.reach)
+            else TransformerOps(
+                rules, self.entry, self.functional_linear, composite.sum_rule, self.reach, self.keep, self.recompute
+            )
         )
 
     # -- the table ------------------------------------------------------------------------------------------------
@@ -317,9 +330,29 @@ class LRPRun:
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         self.counts[name] += 1
         k = self.counts[name]
-        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name)
+        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name, book=self.book, row=len(self.entries))
         self.entries.append(e)
         return e
+
+    def keep(self, t: Tensor) -> Kept:
+        """What a rule keeps of the tensor `t` it read for its backward pass: for an activation's or a
+        normalisation's output (transformer composites, `recompute`) the way to compute it again from its input, so
+        that the output itself is freed after the forward pass (its input is kept by the rule before it anyway);
+        else `t`, detached (no copy). An output changed in place since is kept as it is now."""
+        found = self.recipes.get(id(t))
+        if found is not None and found[0]() is t and t._version == found[2]:
+            return found[1]
+        return t.detach()
+
+    def recompute(self, out: Tensor, again: Recompute | Callable[[Tensor], Tensor], x: Tensor, what: str) -> Tensor:
+        """Register `out` = ``fn(x)`` (an elementwise activation or a normalisation, as the forward pass called it;
+        `again`: fn or its `Recompute`) for `keep`; transformer composites only (the other composites keep what
+        they read, as zennit does)."""
+        if self.ops is not None:
+            if not isinstance(again, Recompute):
+                again = Recompute(again, self.keep(x), what, cache=False)
+            self.recipes[id(out)] = (weakref.ref(out), again, out._version)
+        return out
 
     def rule_for(self, module: nn.Module) -> Rule | None:
         rule = self.named.get(module)
@@ -348,14 +381,15 @@ class LRPRun:
         if isinstance(rule, LinearRule):
             if not hasattr(module, "weight"):
                 raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
-            call = _Call(self.entry(name, rule), rule, x.detach(), output.detach() if rule.needs_output else None)
+            call = _Call(self.entry(name, rule), rule, self.keep(x), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
-            call.graph_x = x
             out = _LinearFn.apply(x, (output.detach(),), call)
-            self.produced[id(out)] = (out, call)
+            if self.folds:
+                call.graph_x = x
+                self.produced[id(out)] = (out, call)
             return out
         if isinstance(rule, Norm):
-            call = _Call(self.entry(name, rule), rule, x.detach(), output.detach())
+            call = _Call(self.entry(name, rule), rule, self.keep(x), output.detach())
             call.fn = module.forward  # no hooks in the backward pass
             return _NormFn.apply(x, (output.detach(),), call)
         if isinstance(rule, Pass):
@@ -365,9 +399,15 @@ class LRPRun:
                     f"{tuple(x.shape)} to {tuple(output.shape)}"
                 )
             out = _PassFn.apply(x, (output.detach(),))
-            return out if self.ops is None else self.ops.tag(out)  # an activation's output: a gate for CP-LRP
+            if self.ops is None:
+                return out
+            # computed again by its own forward (no hooks) where read; not an in-place module, nor a random one
+            if not getattr(module, "inplace", False) and not (isinstance(module, nn.RReLU) and module.training):
+                self.recompute(out, module.forward, x, name)
+            return self.ops.tag(out)  # an activation's output: a gate for CP-LRP
         if isinstance(rule, NormIdentity) and self.ops is not None:
-            return self.ops.norm(name, x, output, norm_map(name, module, x.detach(), output))
+            nm = norm_map(name, module, x.detach(), output)
+            return self.ops.norm(name, x, output, nm, module.forward)
         raise TypeError(f"LRP: rule {rule!r} cannot be applied to {type(module).__name__} {name!r}")
 
     def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
@@ -397,7 +437,7 @@ class LRPRun:
             z = F.linear(x, weight, bias)
         if not isinstance(rule, LinearRule):
             raise TypeError(f"LRP: composite {self.composite.name!r} has no linear-layer rule for {name!r}")
-        call = _Call(self.entry(name, rule), rule, x.detach(), z if rule.needs_output else None)
+        call = _Call(self.entry(name, rule), rule, self.keep(x), z if rule.needs_output else None)
         call.layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
         return _LinearFn.apply(x, (z,), call)
 
@@ -424,9 +464,9 @@ class LRPRun:
         inplace = func is Tensor.add_
         rule = self.composite.sum_rule
         name = ADD_FUNCTIONS[func]
-        call = _Call(self.entry(name, rule), rule, a.detach().clone() if inplace else a.detach(), None)
-        call.others = (b.detach(),)
-        call.z = (call.x + call.others[0]).detach()
+        call = _Call(self.entry(name, rule), rule, a.detach().clone() if inplace else self.keep(a), None)
+        call.others = (self.keep(b),)
+        call.z = (a.detach() + b.detach()).detach()
         out = _SumFn.apply(a, b, call)
         if inplace:
             return a.copy_(out)
@@ -440,6 +480,9 @@ class LRPRun:
             out = func(*args, **kwargs)
         elif not (func in _INPLACE or bool(kwargs.get("inplace", False))):
             out = _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+            if args and args[0] is x:
+                rest = args[1:]
+                self.recompute(out, lambda t: func(t, *rest, **kwargs), x, _name(func))
         else:
             base = _INPLACE.get(func, func)
             rest = {k: v for k, v in kwargs.items() if k != "inplace"}
@@ -466,7 +509,10 @@ class LRPRun:
         if isinstance(out, Tensor):
             grads = [a for a in args if self.reach.depends(a)]
             if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                return _PassFn.apply(grads[0], (out.detach(),))
+                x = grads[0]
+                again = lambda t: func(*[t if a is x else a for a in args], **kwargs)  # noqa: E731
+                what = AFFINE_FUNCTIONS.get(func, _name(func))
+                return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, what)
         engine_call.output = out
         return NotImplemented
 
@@ -484,6 +530,7 @@ class LRPRun:
             for _, call in self.produced.values():
                 call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
             self.produced.clear()
+            self.recipes.clear()
             if self.ops is not None:
                 self.ops.clear()
             self.reach.clear()

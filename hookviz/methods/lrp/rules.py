@@ -35,6 +35,15 @@ def stabilize(z: Tensor, epsilon: float = 1e-6) -> Tensor:
     return (z >= 0).to(z.dtype).mul_(2 * eps).sub_(eps).add_(z)
 
 
+def stabilized_ratio(r: Tensor, z: Tensor, epsilon: float = 1e-6) -> Tensor:
+    """``r / stabilize(z, epsilon)``, the same numbers, written into the fresh denominator where its shape and dtype
+    are the result's: one output-sized temporary fewer at the backward pass's peak (an LM head's logits are large)."""
+    d = stabilize(z, epsilon)
+    if d.shape == torch.broadcast_shapes(r.shape, d.shape) and torch.result_type(r, d) == d.dtype:
+        return torch.div(r, d, out=d)
+    return r / d
+
+
 def _check_eps(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -173,7 +182,7 @@ def _signed_term(
     if xn is not None:
         assert w_neg is not None
         z = z + layer.forward(xn, w_neg, None)
-    s = (r if mask is None else mask * r) / stabilize(z, stabilizer)
+    s = stabilized_ratio(r if mask is None else mask * r, z, stabilizer)
     out = xp * layer.vjp(s, x, w_pos)
     if xn is not None:
         out = out + xn * layer.vjp(s, x, w_neg)  # type: ignore[arg-type]
@@ -200,7 +209,7 @@ class Epsilon(LinearRule):
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
         assert z is not None
-        return x * layer.vjp(r / stabilize(z, self.epsilon), x, layer.weight)
+        return x * layer.vjp(stabilized_ratio(r, z, self.epsilon), x, layer.weight)
 
 
 class ZPlus(LinearRule):
@@ -304,7 +313,7 @@ class ZBox(LinearRule):
         wp, wn = w.clamp(min=0), w.clamp(max=0)
         b = layer.bias
         zb = layer.forward(x, w, b) - layer.forward(low, wp, _pos(b)) - layer.forward(high, wn, _neg(b))
-        s = r / stabilize(zb, self.stabilizer)
+        s = stabilized_ratio(r, zb, self.stabilizer)
         return x * layer.vjp(s, x, w) - low * layer.vjp(s, x, wp) - high * layer.vjp(s, x, wn)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +19,9 @@ from ..rules import Rule as EngineRule
 from .attention import MHA, SDPA, mha, sdpa
 from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
-from .products import _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn
+from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
 from .reach import InputReach
-from .rulecall import NOT_HANDLED, RuleCall, _PassFn
+from .rulecall import NOT_HANDLED, Kept, Recompute, RuleCall, _PassFn
 from .rules import Rule
 from .transformer import TransformerRules
 
@@ -68,14 +69,25 @@ class TransformerOps:
     every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
 
     def __init__(
-        self, rules: TransformerRules, entry: EntryCall, linear: LinearCall, sum_rule: Rule, reach: InputReach
+        self,
+        rules: TransformerRules,
+        entry: EntryCall,
+        linear: LinearCall,
+        sum_rule: Rule,
+        reach: InputReach,
+        keep: Callable[[Tensor], Kept],
+        recompute: Callable[[Tensor, Any, Tensor, str], Tensor],
     ) -> None:
         self.rules = rules
+        self.keep = keep  # what a rule keeps of a tensor it read (`LRPRun.keep`)
+        self.recompute = recompute  # registers an output computed again in the backward pass (`LRPRun.recompute`)
         self.reach = reach
         self.sum_rule = sum_rule
         self.entry = entry
         self.linear = linear
-        self.tags: dict[int, Tensor] = {}  # id -> tensor: softmax and activation outputs (gates CP-LRP holds)
+        # id -> weak reference: softmax and activation outputs (gates CP-LRP holds); weak, so that a gate no rule reads
+        # is freed during the forward pass
+        self.tags: dict[int, weakref.ref[Tensor]] = {}
         self.attention_calls = 0
         self._open: list[tuple[str, int]] = []  # attention modules being run: (name, attention calls at entry)
 
@@ -90,11 +102,12 @@ class TransformerOps:
         return self.reach.depends(t)
 
     def tag(self, t: Tensor) -> Tensor:
-        self.tags[id(t)] = t
+        self.tags[id(t)] = weakref.ref(t)
         return t
 
     def tagged(self, t: object) -> bool:
-        return isinstance(t, Tensor) and self.tags.get(id(t)) is t
+        ref = self.tags.get(id(t)) if isinstance(t, Tensor) else None
+        return ref is not None and ref() is t
 
     # -- attention modules --------------------------------------------------------------------------------------
     def enter_attention(self, name: str) -> None:
@@ -168,7 +181,8 @@ class TransformerOps:
         x = args[0] if args else kwargs.get("input")
         if not self.depends(x):
             return NOT_HANDLED
-        return _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+        out = _PassFn.apply(x, (func(*args, **kwargs).detach(),))
+        return self.recompute(out, func, x, self._where(NEGATIONS[func])) if len(args) == 1 and not kwargs else out
 
     def _keep_tag(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if args and self.tagged(args[0]):
@@ -198,26 +212,28 @@ class TransformerOps:
         """``a + b`` with the sum rule; `depend`: which sides depend on the input (the others absorb their share);
         `link`: the tensor the graph runs through for `a` (the original of an in-place call's copy)."""
         a0, b0 = a.detach(), b.detach()
-        call = RuleCall(self.entry(what, self.sum_rule), self.sum_rule, (a0, b0), a0 + b0, depend)
+        call = RuleCall(self.entry(what, self.sum_rule), self.sum_rule, (self.keep(a), self.keep(b)), a0 + b0, depend)
         return _BroadcastSumFn.apply(a if link is None else link, b, call)
 
     # -- products -----------------------------------------------------------------------------------------------
-    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
-        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule; a factor
-        that does not depend on the input is a constant (the other then gets all the relevance: LRP-epsilon on a
-        linear map)."""
-        da, db = self.depends(a), self.depends(b)
-        rule = self.rules.product
+    def shares(self, da: bool, db: bool, ta: bool, tb: bool) -> tuple[float, float]:
+        """The product rule's shares of two factors that depend on the input (`da`, `db`) or not, and are gates
+        (`ta`, `tb`: attention probabilities, activation outputs) or not: half each; CP-LRP holds a gate (the other
+        factor gets all); a constant factor gets none (the other then gets all: LRP-epsilon on a linear map)."""
         if da and db:
-            wa = wb = 0.5
-            if rule.hold_gates and self.tagged(a) != self.tagged(b):
-                wa, wb = (0.0, 1.0) if self.tagged(a) else (1.0, 0.0)
-        else:
-            wa, wb = float(da), float(db)
+            if self.rules.product.hold_gates and ta != tb:
+                return (0.0, 1.0) if ta else (1.0, 0.0)
+            return 0.5, 0.5
+        return float(da), float(db)
+
+    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor:
+        """``a @ b`` (`kind` "matmul") or ``a * b`` ("mul"), times `scale`, with the product rule (`shares`)."""
+        rule = self.rules.product
+        wa, wb = self.shares(self.depends(a), self.depends(b), self.tagged(a), self.tagged(b))
         a0, b0 = a.detach(), b.detach()
         with torch.no_grad():
             z = _product(kind, a0, b0, scale)
-        call = RuleCall(self.entry(what, rule), rule, (a0, b0), z, (kind, scale, wa, wb))
+        call = RuleCall(self.entry(what, rule), rule, (self.keep(a), self.keep(b)), z, (kind, scale, wa, wb))
         return _ProductFn.apply(a, b, call)
 
     def _matmul(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -271,8 +287,10 @@ class TransformerOps:
             return self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
         x = a if da else b
         out = func(*args, **kwargs)
-        if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged
-            return _PassFn.apply(x, (out.detach(),))
+        if out.shape == x.shape:  # scaling by a constant: relevance passes unchanged; computed again where read
+            c = b if da else a
+            again = (lambda t: func(t, c)) if da else (lambda t: func(c, t))
+            return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, self._where(MUL_FUNCTIONS[func]))
         return (
             self.product(self._where(MUL_FUNCTIONS[func]), a, b, "mul")
             if isinstance(a, Tensor) and isinstance(b, Tensor)
@@ -288,6 +306,38 @@ class TransformerOps:
         if val.shape != x.shape or val.dtype != x.dtype:
             return NOT_HANDLED
         return x.copy_(_PassFn.apply(x, (val,)))
+
+    def attention(
+        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, need_p: bool
+    ) -> tuple[Tensor, Tensor | None] | None:
+        """``softmax(scale q kᵀ + bias) v`` as one `_AttentionFn` (the q kᵀ product, mask sum, softmax and p v product
+        rules, with their audit entries, from q, k, v alone: scores and probabilities are recomputed in the backward
+        pass, not kept): (output, probabilities if `need_p`, detached). The output is computed as the backward pass
+        computes it again (``F.scaled_dot_product_attention`` would differ by rounding, and the epsilon rule divides by
+        it: with epsilon 0, by a slightly different number near zero). None where q or k does not depend on the input
+        or the mask does (the decomposed calls then decide each rule from the graph)."""
+        if not (self.depends(q) and self.depends(k)) or self.depends(bias):
+            return None
+        rules = self.rules
+        e_qk = self.entry(f"{what} q@k", rules.product)
+        e_mask = None if bias is None else self.entry(f"{what} mask", self.sum_rule)
+        e_soft = self.entry(f"{what} softmax", rules.softmax)
+        e_pv = self.entry(f"{what} p@v", rules.product)
+        self.attention_calls += 1
+        wq, wk = self.shares(True, True, self.tagged(q), self.tagged(k))
+        wp, wv = self.shares(True, self.depends(v), True, self.tagged(v))  # p: a gate that depends on the input
+        q0, k0, v0 = q.detach(), k.detach(), v.detach()
+        b0 = None if bias is None else bias.detach()
+        with torch.no_grad():  # as the backward pass computes them again: the same numbers, z / z = 1 exactly
+            _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
+            o = torch.matmul(p, v0)
+        if not need_p:
+            p = None
+        stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
+        extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
+                 rules.softmax.hold)  # fmt: skip
+        call = RuleCall(e_pv, rules.product, (self.keep(q), self.keep(k), self.keep(v)), o, extra)
+        return _AttentionFn.apply(q, k, v, call), p
 
     # -- softmax ------------------------------------------------------------------------------------------------
     def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
@@ -313,10 +363,14 @@ class TransformerOps:
         return self.softmax(self._where(SOFTMAX_FUNCTIONS[func]), s, dim, lambda t: func(t, dim, *extra, **rest))
 
     # -- normalisation ------------------------------------------------------------------------------------------
-    def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap) -> Tensor:
+    def norm(self, what: str, x: Tensor, y: Tensor, nm: NormMap, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """`y` = ``fn(x)``, a normalisation, with `NormIdentity`; `y` is computed again by `fn` where a backward
+        pass needs it (`recompute`), not kept."""
         rule = self.rules.norm
-        call = RuleCall(self.entry(what, rule), rule, (x.detach(),), y.detach(), nm)
-        return _NormIdentityFn.apply(x, call)
+        kx = self.keep(x)
+        again = Recompute(fn, kx, what, cache=True)  # read by the layers after it (three projections), then by it
+        call = RuleCall(self.entry(what, rule), rule, (kx,), again, nm)
+        return self.recompute(_NormIdentityFn.apply(x, call, (y.detach(),)), again, x, what)
 
     def _norm(self, func: Any, args: tuple, kwargs: dict) -> Any:
         bound = _signature(func).bind(*args, **kwargs)
@@ -331,7 +385,7 @@ class TransformerOps:
         nm = NormMap(is_ln, dims, a["weight"], a.get("bias") if is_ln else None, eps)
         with torch.no_grad():
             y = func(*args, **kwargs)
-        return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm)
+        return self.norm(self._where(NORM_FUNCTIONS[func]), x, y, nm, lambda t: func(**{**a, "input": t}))
 
 
 @functools.cache
