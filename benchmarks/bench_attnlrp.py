@@ -43,7 +43,12 @@ from bench_peers import _reset_peak_kib, _status_kib  # noqa: E402
 import hookviz as hv  # noqa: E402
 from hookviz.methods.lrp import composite as composite_of  # noqa: E402
 
-ROWS = ("floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "lxt-attn-lrp", "lxt-cp-lrp")
+# "-eps0": the same composite with epsilon 0 and stabilizer 0, the rules lxt applies (it divides unstabilised),
+# which hookviz runs in gradient-times-input form (one plain backward pass)
+ROWS = (
+    "floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "hookviz-attn-lrp-eps0", "hookviz-cp-lrp-eps0", "lxt-attn-lrp",
+    "lxt-cp-lrp",
+)  # fmt: skip
 TARGET = 1
 LAYER = {"bert_base": "bert.embeddings.word_embeddings", "llama": "model.embed_tokens"}
 TOKENS = ("bert_base", "llama")
@@ -199,7 +204,9 @@ def build(row: str, name: str, model: nn.Module) -> Callable[[torch.Tensor], Any
 
         return floor_tokens
     if row.startswith("hookviz"):
-        lrp = hv.LRP(model, row.removeprefix("hookviz-"), layer=layer)
+        variant = row.removeprefix("hookviz-").removesuffix("-eps0")
+        comp = composite_of(variant, epsilon=0.0, stabilizer=0.0) if row.endswith("-eps0") else variant
+        lrp = hv.LRP(model, comp, layer=layer)
         target = (lambda out: _score(name, out)) if name == "llama" else TARGET
         return lambda x: lrp.attribute(x, target)
     return lxt_fn(name, lxt_model(name, model, row.removeprefix("lxt-")))

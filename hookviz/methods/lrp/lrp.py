@@ -25,6 +25,7 @@ from .composites import (
     Composite,
     composite,
 )
+from .gradient_form import GradientFormRun, gradient_form_allowed
 from .propagate import LRPRun
 from .rules import ZBox, check_bound
 
@@ -66,6 +67,11 @@ class LRP(Attribution):
     engine (`hookviz.methods.rules`); ``self.rule_coverage`` is its report, and its one warning names the
     operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
     raises `ValueError` before any work.
+
+    A transformer composite with zero stabilizers (``composite("attn-lrp", epsilon=0, stabilizer=0)``: the
+    unstabilised rules that `lxt` applies) runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`):
+    one plain backward pass, the input times its gradient, the same map at about the gradient's cost; its audit then
+    holds the totals only (no per-layer entries).
 
     Example::
 
@@ -113,6 +119,9 @@ class LRP(Attribution):
         self._tap = None if layer is None else LayerTap(model, layer, layer_input=layer_input)
         self.composite = comp
         self.canonize = canonize
+        # the transformer composites with zero stabilizers (lxt's unstabilised rules) are exact as one plain backward
+        # pass in gradient-times-input form: the same map at the gradient's cost (`gradient_form`)
+        self._gradient_form = gradient_form_allowed(comp)
         self.audit: RelevanceAudit | None = None
         self.rule_coverage: Coverage | None = None
 
@@ -143,6 +152,8 @@ class LRP(Attribution):
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
+        if self._gradient_form:
+            return self._run_gradient_form(x, target, hooks, **kwargs)
         run = LRPRun(self.model, self.composite, hooks, self.canonize)
         fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
         try:
@@ -164,6 +175,31 @@ class LRP(Attribution):
         start = scores.detach().sum(1)
         total = relevance.detach().flatten(2).sum(2).sum(1)
         self.audit = RelevanceAudit(start=start, total=total, entries=list(run.entries))
+        return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
+
+    def _run_gradient_form(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
+        """The transformer composite with zero stabilizers as one plain backward pass (`gradient_form`): the
+        relevance is the input times its gradient, started at f_c(x) (a gradient of 1 at the score)."""
+        run = GradientFormRun(self.model, self.composite, hooks)
+        fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
+        try:
+            with run.forward_pass():
+                if self._tap is None:
+                    leaf = x.detach().requires_grad_(True)
+                    output = fwd(self.model, (leaf,))
+                else:
+                    with self._tap.capture() as taken:
+                        output = fwd(self.model, (x.detach(),))
+                    leaf = self._tap.one(taken)
+        finally:
+            self.rule_coverage = run.coverage
+        targets = resolve_targets(target, output, x.shape[0])
+        scores = targets.scores
+        (grad,) = batched_grad(scores, [leaf], strategy="loop")
+        relevance = leaf.detach().unsqueeze(1) * grad
+        start = scores.detach().sum(1)
+        total = relevance.detach().flatten(2).sum(2).sum(1)
+        self.audit = RelevanceAudit(start=start, total=total, entries=[])
         return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
 
 

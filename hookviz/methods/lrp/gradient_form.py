@@ -1,0 +1,372 @@
+r"""AttnLRP / CP-LRP in gradient-times-input form: one ordinary backward pass, where the rules allow it.
+
+With the stabilizers at zero (``epsilon=0, stabilizer=0``: the unstabilised rules, as `lxt` divides), every
+transformer rule is exact in the form that carries $$ g = R / a $$ (relevance over activation) backward instead of R:
+linear layers, sums and LayerNorm / RMSNorm with 1/std held constant are then their plain (linearised) gradient, a
+product of two activations passes half the gradient to each factor, the softmax rule is the softmax's own gradient,
+and only elementwise activations (and BatchNorm's pass rule) need $$ g_x = g_y \, y / x $$. The relevance at the input
+is $$ x \odot g $$ (Achtibat et al., 2024, "AttnLRP", Sec. 3.4; the `lxt` package's efficient mode). Nothing keeps
+an output to divide by it and fused kernels stay fused, so the pass costs about what the gradient costs.
+
+`gradient_form_allowed` says whether a composite's rules are all of that kind; `GradientFormRun` is the rule table
+for one forward pass (products, softmax, fused attention, normalisations, activations), whose backward pass is then
+plain autograd. The maps equal the relevance form's with the same composite (tests/test_lrp_gradient_form.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from ...hooks import HookManager
+from ..rules import Call, Coverage, RuleEngine, RuleTable
+from ..rules import Rule as EngineRule
+from ..rules.ops import bind_mha, bind_sdpa
+from .attention import MHA, SDPA, _mha_mask, _pad_key
+from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .norm import NormMap, norm_map
+from .reach import InputReach
+from .rules import Epsilon, Gradient, Norm, Pass, Rule
+from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
+from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MATMUL_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
+
+# elementwise activations whose identity rule is not their own gradient (ReLU-like ones need no rule: y / x is
+# their derivative wherever x != 0)
+_ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
+    F.gelu: "F.gelu",
+    F.silu: "F.silu",
+    F.mish: "F.mish",
+    F.elu: "F.elu",
+    F.softplus: "F.softplus",
+    torch.tanh: "torch.tanh",
+    Tensor.tanh: "Tensor.tanh",
+    torch.sigmoid: "torch.sigmoid",
+    Tensor.sigmoid: "Tensor.sigmoid",
+    F.tanh: "F.tanh",
+    F.sigmoid: "F.sigmoid",
+}
+_NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
+
+
+def gradient_form_allowed(composite: Composite) -> bool:
+    """Whether every rule of the transformer `composite` is exact in gradient-times-input form: its epsilon and
+    stabilizers are 0 and its rules are the AttnLRP / CP-LRP ones (no gamma, no user rules of another kind)."""
+    if composite.transformer is None or getattr(composite.sum_rule, "stabilizer", None) != 0:
+        return False
+    rules = composite.transformer
+    if rules.product.epsilon != 0 or rules.norm.epsilon != 0:
+        return False
+    maps = (*composite.type_map, *composite.first_map, *composite.name_map, *composite.kind_map)
+    for _, rule in maps:
+        if isinstance(rule, Epsilon | NormIdentity) and rule.epsilon != 0:
+            return False
+        if isinstance(rule, Norm) and rule.stabilizer != 0:
+            return False
+        if not isinstance(rule, Epsilon | NormIdentity | Norm | Pass | Gradient | Attention | Uniform | Softmax):
+            return False
+    return True
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward: the gradient times `w` (a factor's share of a product: the uniform rule)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: Tensor, w: float) -> Tensor:
+        ctx.w = w
+        return t.view_as(t)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
+        return g * ctx.w, None
+
+
+def _share(t: Tensor, w: float) -> Tensor:
+    if w == 1.0:
+        return t
+    return t.detach() if w == 0.0 else _ScaleGrad.apply(t, w)
+
+
+class _IdentityRuleFn(torch.autograd.Function):
+    """Output: an elementwise op's output y; backward: ``g y / x`` (relevance passes unchanged: R_x = x g_x = y g_y;
+    zero where x is 0, whose relevance is 0 either way)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor]) -> Tensor:
+        y = ybox[0]
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
+        x, y = ctx.saved_tensors
+        ratio = y / x
+        return g * ratio.masked_fill_(x == 0, 0), None
+
+
+class _NormFn(torch.autograd.Function):
+    """Output: a normalisation's output; backward: the transpose of the map with 1/std held constant (`NormMap`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], nm: NormMap) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.nm = nm
+        return ybox[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
+        (x,) = ctx.saved_tensors
+        nm = ctx.nm
+        gf = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
+        return nm.transpose(gf, nm.sigma(x)).to(g.dtype), None, None
+
+
+class GradientFormRun:
+    """One forward pass of a transformer composite in gradient-times-input form (see the module docstring): the
+    engine's table rewrites products, softmax, fused attention, normalisations and activations; everything else is
+    its plain gradient. `coverage` is set after the pass."""
+
+    def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager) -> None:
+        assert composite.transformer is not None
+        self.model = model
+        self.composite = composite
+        self.hooks = hooks
+        self.cp = composite.transformer.softmax.hold
+        self.hold_gates = composite.transformer.product.hold_gates
+        self.reach = InputReach()
+        self.gates: dict[int, Tensor] = {}  # id -> activation outputs (CP-LRP holds a gated MLP's gate)
+        self.coverage: Coverage | None = None
+
+    # -- the table ------------------------------------------------------------------------------------------------
+    def table(self) -> RuleTable:
+        comp = self.composite
+
+        def rule_of(module: nn.Module) -> Rule | None:
+            return comp.by_type(module, first=False)
+
+        def is_norm(name: str, module: nn.Module) -> bool:
+            return module is not self.model and (
+                isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm"
+            )
+
+        def is_pass(name: str, module: nn.Module) -> bool:
+            if module is self.model or isinstance(module, LINEAR_LAYERS + GRADIENT_LAYERS + AVG_POOLS):
+                return False
+            return isinstance(module, ACTIVATIONS + BATCH_NORMS) or module_kind(module) == "activation"
+
+        def norm(call: Call) -> Any:
+            x = call.args[0] if call.args else None
+            if not (isinstance(x, Tensor) and isinstance(call.output, Tensor) and self.reach.depends(x)):
+                return None
+            assert isinstance(call.op, nn.Module)
+            nm = norm_map(call.name, call.op, x.detach(), call.output)
+            return _NormFn.apply(x, (call.output,), nm)
+
+        def passes(call: Call) -> Any:
+            x = call.args[0] if call.args else None
+            out = call.output
+            if not (isinstance(x, Tensor) and isinstance(out, Tensor) and self.reach.depends(x)):
+                return None
+            if isinstance(call.op, nn.Module) and isinstance(rule_of(call.op), Gradient):
+                return None
+            if out.shape != x.shape:
+                return None
+            return self._gate(_IdentityRuleFn.apply(x, (out,)))
+
+        def owned(name: str, fn: Callable[[Call], Any]) -> EngineRule:
+            return EngineRule(name, fn, owns_call=True)
+
+        return (
+            RuleTable(uncovered=None)
+            .modules(is_norm, owned("identity-norm", norm))
+            .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
+            .functions(MATMUL_FUNCTIONS, owned("product", self._product))
+            .functions(MUL_FUNCTIONS, owned("product", self._product))
+            .functions(EINSUM_FUNCTIONS, owned("product", self._einsum))
+            .functions(BADDBMM_FUNCTIONS, owned("product", self._baddbmm))
+            .functions(SOFTMAX_FUNCTIONS, owned("softmax", self._softmax))
+            .functions({SDPA: "F.scaled_dot_product_attention"}, owned("attention", self._sdpa))
+            .functions({MHA: "F.multi_head_attention_forward"}, owned("attention", self._mha))
+            .functions(_NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
+            .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
+        )
+
+    # -- shares of products ---------------------------------------------------------------------------------------
+    def _gate(self, t: Tensor) -> Tensor:
+        if self.hold_gates:
+            self.gates[id(t)] = t
+        return t
+
+    def _is_gate(self, t: object) -> bool:
+        return isinstance(t, Tensor) and self.gates.get(id(t)) is t
+
+    def _shares(self, a: object, b: object) -> tuple[float, float] | None:
+        """The uniform rule's shares of a product's two factors (None: at most one depends on the input, a linear
+        map: its plain gradient); CP-LRP holds a gate (the other factor gets all)."""
+        if not (self.reach.depends(a) and self.reach.depends(b)):
+            return None
+        if self.hold_gates and self._is_gate(a) != self._is_gate(b):
+            return (0.0, 1.0) if self._is_gate(a) else (1.0, 0.0)
+        return 0.5, 0.5
+
+    def _product(self, call: Call) -> Any:
+        args = call.args
+        if len(args) != 2 or call.kwargs:
+            return NotImplemented
+        shares = self._shares(*args)
+        if shares is None:
+            return NotImplemented
+        return call.op(*(_share(t, w) for t, w in zip(args, shares, strict=True)))
+
+    def _einsum(self, call: Call) -> Any:
+        args = call.args
+        if not args or not isinstance(args[0], str) or call.kwargs:
+            return NotImplemented
+        operands = tuple(args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
+        if len(operands) != 2:
+            return NotImplemented
+        shares = self._shares(*operands)
+        if shares is None:
+            return NotImplemented
+        return torch.einsum(args[0], *(_share(t, w) for t, w in zip(operands, shares, strict=True)))
+
+    def _baddbmm(self, call: Call) -> Any:
+        names = ("input", "batch1", "batch2")
+        bound = dict(zip(names, call.args, strict=False)) | {k: v for k, v in call.kwargs.items() if k in names}
+        if len(bound) != 3 or len(call.args) > 3 or set(call.kwargs) - {*names, "beta", "alpha"}:
+            return NotImplemented
+        shares = self._shares(bound["batch1"], bound["batch2"])
+        if shares is None:
+            return NotImplemented
+        rest = {k: v for k, v in call.kwargs.items() if k in ("beta", "alpha")}
+        a, b = (_share(bound[n], w) for n, w in zip(("batch1", "batch2"), shares, strict=True))
+        return torch.baddbmm(bound["input"], a, b, **rest)
+
+    # -- softmax and attention ------------------------------------------------------------------------------------
+    def _softmax(self, call: Call) -> Any:
+        """AttnLRP: the softmax rule is the softmax's gradient in this form (plain); CP-LRP holds the probabilities."""
+        if not self.cp:
+            return NotImplemented
+        args = list(call.args)
+        kwargs = dict(call.kwargs)
+        if args and isinstance(args[0], Tensor):
+            args[0] = args[0].detach()
+        elif isinstance(kwargs.get("input"), Tensor):
+            kwargs["input"] = kwargs["input"].detach()
+        return call.op(*args, **kwargs)
+
+    def _qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v with their shares of ``softmax(q kᵀ) v`` (each product by the uniform rule; CP-LRP: q, k held)."""
+        dq, dk, dv = (self.reach.depends(t) for t in (q, k, v))
+        if self.cp:
+            return q.detach(), k.detach(), v
+        wp, wv = (0.5, 0.5) if (dq or dk) and dv else (1.0, 1.0)
+        wq, wk = (0.5, 0.5) if dq and dk else (1.0, 1.0)
+        return _share(q, wp * wq), _share(k, wp * wk), _share(v, wv)
+
+    def _sdpa(self, call: Call) -> Any:
+        a = bind_sdpa(call.args, call.kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        if not any(self.reach.depends(t) for t in (q, k, v)):
+            return NotImplemented
+        a["query"], a["key"], a["value"] = self._qkv(q, k, v)
+        return SDPA(**a)
+
+    def _mha(self, call: Call) -> Any:
+        """``F.multi_head_attention_forward`` written out (projections, then sdpa with the shares), as PyTorch
+        computes it: masks, key padding, add_bias_kv, add_zero_attn."""
+        a = bind_mha(call.args, call.kwargs)
+        query, key, value = a["query"], a["key"], a["value"]
+        if not any(self.reach.depends(t) for t in (query, key, value)):
+            return NotImplemented
+        if a["static_k"] is not None or a["static_v"] is not None:
+            raise TypeError("LRP: F.multi_head_attention_forward with static_k / static_v is not supported")
+        unbatched = query.dim() == 2
+        if unbatched:
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        n_q, n, e = query.shape
+        n_k, h = key.shape[0], a["num_heads"]
+        d = e // h
+        if a["use_separate_proj_weight"]:
+            ws = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
+        else:
+            ws = tuple(a["in_proj_weight"].chunk(3))
+        bs = (None, None, None) if a["in_proj_bias"] is None else tuple(a["in_proj_bias"].chunk(3))
+        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, key, value), ws, bs, strict=True))
+        attn_mask, padding = a["attn_mask"], a["key_padding_mask"]
+        if a["bias_k"] is not None and a["bias_v"] is not None:
+            k = torch.cat([k, a["bias_k"].repeat(1, n, 1)])
+            v = torch.cat([v, a["bias_v"].repeat(1, n, 1)])
+            attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
+        q = q.reshape(n_q, n, h, d).permute(1, 2, 0, 3)
+        k = k.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
+        v = v.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
+        if a["add_zero_attn"]:
+            zero = torch.zeros(n, h, 1, d, dtype=k.dtype, device=k.device)
+            k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2)
+            attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
+        mask = _mha_mask(attn_mask, padding, n, h, n_q, n_k, q.dtype, q.device)
+        causal = bool(a["is_causal"]) and attn_mask is None
+        dropout = a["dropout_p"] if a["training"] else 0.0
+        qs, ks, vs = self._qkv(q, k, v)
+        o = SDPA(qs, ks, vs, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
+        out = F.linear(o, a["out_proj_weight"], a["out_proj_bias"])
+        weights = None
+        if a["need_weights"]:
+            with torch.no_grad():
+                s = (q @ k.transpose(-2, -1)) * d**-0.5
+                if mask is not None:
+                    s = s + mask
+                elif causal:
+                    s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), float("-inf"))
+                p = s.softmax(-1)
+            weights = p.mean(1) if a["average_attn_weights"] else p
+            weights = weights.squeeze(0) if unbatched else weights
+        return (out.squeeze(1) if unbatched else out), weights
+
+    # -- normalisations and activations as functions ------------------------------------------------------------
+    def _norm_function(self, call: Call) -> Any:
+        x = call.args[0] if call.args else call.kwargs.get("input")
+        if not self.reach.depends(x):
+            return NotImplemented
+        out = call.op(*call.args, **call.kwargs)
+        names = ("input", "normalized_shape", "weight", "bias", "eps")
+        if call.op is F.rms_norm:
+            names = ("input", "normalized_shape", "weight", "eps")
+        a = dict(zip(names, call.args, strict=False)) | call.kwargs
+        shape = a["normalized_shape"]
+        dims = 1 if isinstance(shape, int) else len(shape)
+        eps = a.get("eps")
+        eps = float(torch.finfo(x.dtype).eps) if eps is None else float(eps)
+        nm = NormMap(call.op is F.layer_norm, dims, a.get("weight"), a.get("bias"), eps)
+        return _NormFn.apply(x, (out,), nm)
+
+    def _activation(self, call: Call) -> Any:
+        x = call.args[0] if call.args else call.kwargs.get("input")
+        if bool(call.kwargs.get("inplace", False)):
+            return NotImplemented  # the plain gradient of an in-place call, reported uncovered
+        if not self.reach.depends(x):
+            return NotImplemented
+        out = call.op(*call.args, **call.kwargs)
+        return self._gate(_IdentityRuleFn.apply(x, (out,)))
+
+    # -- the pass -------------------------------------------------------------------------------------------------
+    @contextmanager
+    def forward_pass(self) -> Iterator[None]:
+        engine = RuleEngine(self.model, self.hooks, self.table(), method="LRP")
+        try:
+            with engine.forward_pass():
+                yield
+        finally:
+            self.gates.clear()
+            self.reach.clear()
+            self.coverage = engine.coverage

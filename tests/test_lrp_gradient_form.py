@@ -1,0 +1,119 @@
+"""AttnLRP / CP-LRP in gradient-times-input form (`hookviz.methods.lrp.gradient_form`): with zero stabilizers the
+transformer composites run as one plain backward pass; the maps equal the relevance form's on every family, lxt's
+(through tests/test_attnlrp.py::test_equals_lxt, whose composite has zero stabilizers), and a hand computation."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from test_attnlrp import _LAST, FAMILIES, MHABlock, StyledBlock, _family
+from torch import Tensor, nn
+
+import hookviz as hv
+from hookviz.methods.lrp import composite as composite_of
+from hookviz.methods.lrp.gradient_form import gradient_form_allowed
+
+
+def _both(model: nn.Module, x: Tensor, comp: str, target, **kw) -> tuple[Tensor, Tensor, hv.LRP]:
+    fast = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0), **kw)
+    assert fast._gradient_form
+    slow = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0), **kw)
+    slow._gradient_form = False  # the relevance form: each rule its own autograd function
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every operation covered
+        got = fast.attribute(x, target=target)
+    return got, slow.attribute(x, target=target), fast
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_equals_the_relevance_form_on_every_family(family: str, composite: str) -> None:
+    model, x, kw = _family(family)
+    model = model.double()
+    x = x.double() if x.is_floating_point() else x
+    got, want, fast = _both(model, x, composite, _LAST.get(family.split("-")[0], 1), **kw)
+    big = float(want.abs().max())
+    # the same rules in float64, applied in another order (relevance over activation carried instead of relevance):
+    # float64 rounding, except that Hugging Face's eager attention computes its softmax in float32 even in a float64
+    # model (1e-7 relative on the probabilities, 1e-9 of the largest relevance measured): 1e-8 of the largest
+    tol = 1e-8 if family.endswith("eager") else 1e-12
+    torch.testing.assert_close(got, want, rtol=0, atol=tol * big)
+    assert big > 0
+    # the audit holds the totals: the same conservation as the relevance form's
+    torch.testing.assert_close(fast.audit.total, want.flatten(1).sum(1), rtol=1e-9, atol=1e-12 * big)
+
+
+def _bias_kv_block() -> nn.Module:
+    block = MHABlock()
+    # add_bias_kv without add_zero_attn: the zero key's scores are exactly 0, which the relevance form with epsilon 0
+    # divides by (NaN there; the gradient form has no division)
+    block.attn = nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
+    return block
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("make", [lambda: StyledBlock("einsum"), lambda: StyledBlock("baddbmm"), _bias_kv_block])
+def test_einsum_baddbmm_and_bias_kv_attention(make, composite: str) -> None:
+    torch.manual_seed(13)
+    model = make().double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    got, want, _ = _both(model, x, composite, 1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))  # float64 rounding
+
+
+def test_by_hand_on_a_gated_product() -> None:
+    """y = head(silu(a x) * (b x)): AttnLRP gives each factor half of the product's relevance and passes relevance
+    through SiLU unchanged; CP-LRP holds the gate silu(a x), so b x gets all of it. By hand, with R = y at the output
+    and the linear layers by LRP-0: R_x = x * W^T (R_z / z) for each of a, b."""
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 4, bias=False), nn.Linear(3, 4, bias=False)
+            self.act, self.head = nn.SiLU(), nn.Linear(4, 1, bias=False)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.act(self.a(x)) * self.b(x))
+
+    torch.manual_seed(14)
+    model = Gated().double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    za, zb = model.a(x), model.b(x)
+    g = model.act(za) * zb
+    r_g = g * model.head.weight[0]  # the head: LRP-0, R of each product term
+    for comp, (wa, wb) in (("attn-lrp", (0.5, 0.5)), ("cp-lrp", (0.0, 1.0))):
+        r_a, r_b = wa * r_g, wb * r_g  # SiLU: relevance unchanged
+        want = x * ((r_a / za) @ model.a.weight) + x * ((r_b / zb) @ model.b.weight)
+        lrp = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0))
+        assert lrp._gradient_form
+        got = lrp.attribute(x, target=0)
+        torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)  # float64 rounding
+
+
+def test_only_zero_stabilizers_and_transformer_rules_use_it() -> None:
+    assert gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
+    assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0, stabilizer=0.0))
+    assert not gradient_form_allowed(composite_of("attn-lrp"))  # epsilon 1e-6: not exact in this form
+    assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0))  # the sums' stabilizer 1e-6
+    assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0, linear_gamma=0.25))
+    assert not gradient_form_allowed(composite_of("epsilon", epsilon=0.0, stabilizer=0.0))  # CNN composites
+
+
+def test_model_left_as_it_came_when_interrupted() -> None:
+    model, x, _ = _family("timm-fused")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+
+    def boom(out: Tensor) -> Tensor:
+        raise KeyboardInterrupt
+
+    lrp = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
+    with pytest.raises(KeyboardInterrupt):
+        lrp.attribute(x, target=boom)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert torch.overrides._get_current_function_mode_stack() == []  # no TorchFunctionMode left active
