@@ -84,6 +84,8 @@ LAYERS: list[str] = [
     "hookviz.text",
     "hookviz.figures",
     "hookviz.intervention_figures",
+    # a language model's generation explained (methods at the embedding) and its result object
+    "hookviz.generation.*",
     # evaluation, data sets, reports
     "hookviz.metrics._checks",
     "hookviz.metrics.localisation",

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import int_option
-from ..targets import TargetPlan, Targets, resolve_targets
+from ..targets import RowTarget, TargetPlan, Targets, resolve_targets
 from .forward import ForwardArgs, as_tuple
 from .layer import LayerTap
 
@@ -29,8 +29,10 @@ def chunks(total: int, batch_size: int | None) -> Iterator[tuple[int, int]]:
 
 def plan_rows(plan: TargetPlan, inputs: Tensor) -> TargetPlan:
     """The plan of an expanded batch whose rows belong to the inputs `inputs` (indices into the N inputs)."""
+    if isinstance(plan.fn, RowTarget):
+        return TargetPlan(None, plan.fn.take(inputs), plan.multi)
     if plan.indices is None:
-        return plan  # a callable scores whatever rows it is given
+        return plan  # a plain callable scores whatever rows it is given
     return TargetPlan(plan.indices[inputs.to(plan.indices.device)], None, plan.multi)
 
 
@@ -78,7 +80,7 @@ def scores_and_layer(
                 # the layer's leaf connects the scores when there is a tap; else the inputs do
                 if tap is None:
                     chunk = tuple(c.detach().requires_grad_(True) for c in chunk)
-                t = resolve_targets(plan, chunk_fwd(model, chunk), stop - start)
+                t = resolve_targets(plan_rows(plan, rows), chunk_fwd(model, chunk), stop - start)
         if tap is not None and taken is not None:
             acts.append(tap.one(taken).detach())
         scores.append(t.scores.detach())
