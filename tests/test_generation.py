@@ -150,8 +150,9 @@ def test_scores_equal_the_float64_reference(model, tok, method: str) -> None:
     want = reference(model, ids_of(tok, prompt), ids_of(tok, target, False), method)
     assert exp.scores[0].dtype == torch.float64
     assert close(exp.scores[0], want), (exp.scores[0], want)
-    assert exp.source_tokens == [["w1", "w2", "w3", "w4", "w5", "w6", "w7"]]
-    assert exp.generated_tokens == [["w5", "w6", "w7"]]
+    # each token's text as it reads in the sequence: the word-level tokenizer joins words with a space
+    assert exp.source_tokens == [["w1", " w2", " w3", " w4", " w5", " w6", " w7"]]
+    assert exp.generated_tokens == [[" w5", " w6", " w7"]]
     assert exp.prompt_lengths == [4]
 
 
@@ -243,8 +244,9 @@ def test_generation_is_greedy_and_forcing_it_gives_the_same_scores(model, tok) -
             for _ in range(5):
                 ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
         want = [WORDS[t] for t in ids[-5:]]
-        assert exp.generated_tokens[i] == want[: len(exp.generated_tokens[i])]
-        forced = hv.explain_generation(model, tok, prompt, target=" ".join(exp.generated_tokens[i]))
+        got = [t.strip() for t in exp.generated_tokens[i]]
+        assert got == want[: len(got)]
+        forced = hv.explain_generation(model, tok, prompt, target=" ".join(got))
         assert close(forced.scores[0], exp.scores[i])
 
 
@@ -269,7 +271,7 @@ def test_contrast_explains_the_probability_difference(tok) -> None:
         m, ids_of(tok, "w1 w2 w3"), ids_of(tok, "w4 w5", False), "input-x-gradient", kind="probability",
         contrast=ids_of(tok, "w8 w9", False),
     )  # fmt: skip
-    assert exp.score == "probability" and exp.contrast_tokens == [["w8", "w9"]]
+    assert exp.score == "probability" and exp.contrast_tokens == [[" w8", " w9"]]
     assert close(exp.scores[0], want)
 
 
@@ -278,8 +280,8 @@ def test_special_tokens_are_left_out_unless_asked() -> None:
     m = llama()
     kept = hv.explain_generation(m, tok, "w1 w2", target="w3 <eos>", skip_special_tokens=False)
     dropped = hv.explain_generation(m, tok, "w1 w2", target="w3 <eos>")
-    assert kept.source_tokens[0] == ["<bos>", "w1", "w2", "w3", "<eos>"]
-    assert dropped.source_tokens[0] == ["w1", "w2", "w3"] and dropped.generated_tokens[0] == ["w3"]
+    assert kept.source_tokens[0] == ["<bos>", " w1", " w2", " w3", " <eos>"]
+    assert dropped.source_tokens[0] == [" w1", " w2", " w3"] and dropped.generated_tokens[0] == [" w3"]
     # the same numbers: rows of special tokens (<eos>) and their columns (<bos>) are only left out
     assert torch.equal(dropped.scores[0], kept.scores[0][:1, 1:4])
     assert dropped.step_scores["probability"][0].shape == (1,)
@@ -292,7 +294,7 @@ def test_chat_template_is_applied() -> None:
     )
     m = gpt2()
     exp = hv.explain_generation(m, tok, "w1 w2", target="w3", chat_template=True)
-    assert exp.source_tokens[0] == ["w50", "w1", "w2", "w51", "w52", "w3"]
+    assert exp.source_tokens[0] == ["w50", " w1", " w2", " w51", " w52", " w3"]
     want = reference(m, ids_of(tok, "w50 w1 w2 w51 w52"), ids_of(tok, "w3", False), "input-x-gradient")
     assert close(exp.scores[0], want)
 
@@ -322,7 +324,7 @@ def test_any_model_mapping_ids_to_logits(tok) -> None:
     exp = hv.explain_generation(m, tok, ["w1 w2 w3", "w4"], max_new_tokens=3, skip_special_tokens=False)
     for i, prompt in enumerate(["w1 w2 w3", "w4"]):
         ids = ids_of(tok, prompt)
-        cont = [WORDS.index(t) for t in exp.generated_tokens[i]]
+        cont = [WORDS.index(t.strip()) for t in exp.generated_tokens[i]]
         with torch.no_grad():
             greedy = list(ids)
             for _ in range(3):
@@ -445,7 +447,7 @@ def test_aggregate_spans_and_errors() -> None:
 def test_word_starts_from_the_tokenizer(tok) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from hookviz.generation.tokens import word_starts
+    from hookviz.generation.tokens import token_texts, word_starts
 
     vocab = {"[UNK]": 0, "un": 1, "##believ": 2, "##able": 3, "cat": 4}
     wp = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
@@ -456,6 +458,8 @@ def test_word_starts_from_the_tokenizer(tok) -> None:
     assert ids == [1, 2, 3, 4]
     assert word_starts(piece, ids, set()) == [True, False, False, True]
     assert word_starts(tok, ids_of(tok, "w1 w2"), set()) == [True, True]
+    assert token_texts(piece, ids) == ["un", "believ", "able", " cat"]
+    assert token_texts(tok, ids_of(tok, "w1 w2")) == ["w1", " w2"]
 
 
 def test_views_html_figure_save_and_dict(tmp_path, tok) -> None:
@@ -475,7 +479,7 @@ def test_views_html_figure_save_and_dict(tmp_path, tok) -> None:
         exp.save(tmp_path / "gen.txt")
     data = json.loads(json.dumps(exp.to_dict()))
     assert data["method"] == "input-x-gradient" and len(data["explanations"]) == 2
-    assert data["explanations"][1]["generated_tokens"] == ["w7", "w8", "w9"]
+    assert data["explanations"][1]["generated_tokens"] == [" w7", " w8", " w9"]
     assert np.allclose(data["explanations"][1]["scores"], exp.scores[1].numpy())
 
 

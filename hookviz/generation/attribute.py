@@ -7,7 +7,7 @@ targets are a `hookviz.targets.RowTarget`, so methods that expand the batch (Int
 each row at its own sequence's steps. The steps are taken in chunks whose (n, chunk, T, D) attribution fits
 `CHUNK_BYTES`: memory stays bounded at any length, at the cost of one more forward pass per further chunk.
 
-The attribution at the embedding (n, K, T, D) is reduced over D by the method's convention (`METHODS`): a sum for
+The attribution at the embedding (n, K, T, D) is reduced over D by the method's ``token_reduction``: a sum for
 Input x Gradient, Integrated Gradients and the relevance methods (their sum over a token's embedding is the token's
 share of the score), the L2 norm for the plain gradient (Saliency: its signed sum is no attribution, e.g. rounding
 noise after a LayerNorm, whose gradient sums to zero over the embedding).
@@ -37,10 +37,10 @@ CHUNK_BYTES = 512 * 2**20  # the attribution at the embedding kept at once, per 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """How a method name runs at the token embedding: its builder and its reduction over the embedding axis."""
+    """How a method name runs at the token embedding: its builder (whose ``token_reduction`` reduces the embedding
+    axis) and the options it takes."""
 
     build: Callable[..., Attribution] | None  # (model, embedding, baseline id, rows, **method_kwargs); None: occlusion
-    reduce: str  # "sum" or "norm"
     options: tuple[str, ...]  # method_kwargs it takes
 
 
@@ -50,12 +50,12 @@ def _ig(model: Any, emb: Any, baseline: int, rows: int, **kw: Any) -> Attributio
 
 
 METHODS: dict[str, MethodSpec] = {
-    "saliency": MethodSpec(lambda m, e, b, r, **kw: Saliency(m, layer=e, **kw), "norm", ("backward",)),
-    "input-x-gradient": MethodSpec(lambda m, e, b, r, **kw: InputXGradient(m, layer=e, **kw), "sum", ("backward",)),
-    "integrated-gradients": MethodSpec(_ig, "sum", ("steps", "method", "baseline", "backward")),
-    "attn-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "attn-lrp", layer=e, **kw), "sum", ("epsilon",)),
-    "cp-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "cp-lrp", layer=e, **kw), "sum", ("epsilon",)),
-    "occlusion": MethodSpec(None, "sum", ("baseline", "batch_size")),
+    "saliency": MethodSpec(lambda m, e, b, r, **kw: Saliency(m, layer=e, **kw), ("backward",)),
+    "input-x-gradient": MethodSpec(lambda m, e, b, r, **kw: InputXGradient(m, layer=e, **kw), ("backward",)),
+    "integrated-gradients": MethodSpec(_ig, ("steps", "method", "baseline", "backward")),
+    "attn-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "attn-lrp", layer=e, **kw), ("epsilon",)),
+    "cp-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "cp-lrp", layer=e, **kw), ("epsilon",)),
+    "occlusion": MethodSpec(None, ("baseline", "batch_size")),
 }
 
 
@@ -111,7 +111,7 @@ def attribute_steps(
         target = RowTarget(explained_score(steps.columns(start, start + size), kind, stash))
         attribution = method.attribute(ids, target=target, forward_kwargs=kwargs)  # (n, chunk, T, D)
         a = attribution.detach()
-        parts.append(a.flatten(3).norm(dim=3) if spec.reduce == "norm" else a.flatten(3).sum(3))
+        parts.append(a.flatten(3).norm(dim=3) if method.token_reduction == "norm" else a.flatten(3).sum(3))
         logits.append(stash["logits"])
     return torch.cat(parts, 1), torch.cat(logits, 1)
 

@@ -335,7 +335,7 @@ def _assemble(
         for k, v in per_step.items():
             steps[k].append(v[keep_rows])
         if contrast is not None and contrast_ids is not None:
-            ctexts = token_texts(tokenizer, contrast_ids[i])
+            ctexts = token_texts(tokenizer, encoded[i] + contrast_ids[i])[p:]  # read after the prompt, as the target
             contrast.append([t for t, k in zip(ctexts, keep_rows.tolist(), strict=True) if k])
     return GenerationExplanation(
         scores=scores,

@@ -8,8 +8,8 @@ and its next token is predicted at the last one; `position_ids` numbers each seq
 were alone (what Hugging Face's ``generate`` does for left-padded prompts).
 
 `token_texts` and `word_starts` read the tokenizer once per explanation, so the result object needs no tokenizer:
-a token's text is its own decoded string (``" cat"`` for GPT-2's ``"Ġcat"``), and a token starts a word when the
-decoded pair (previous, this) puts whitespace between them.
+a token's text is what it adds to the decoded text (``" cat"`` for GPT-2's ``"Ġcat"``), and a token starts a word
+when that text starts with whitespace.
 """
 
 from __future__ import annotations
@@ -126,33 +126,41 @@ def eos_ids(tokenizer: Any) -> set[int]:
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
-    """Each token's own text: decoded alone (readable: ``" cat"``, not ``"Ġcat"``), special tokens as their names."""
-    pieces = tokenizer.convert_ids_to_tokens(list(ids))
+    """Each token's text as it reads in the sequence: what the token adds to the decoded text of the token before it
+    (``" cat"`` for GPT-2's ``"Ġcat"``, ``" w2"`` for a word-level tokenizer that joins words with spaces, ``"able"``
+    for WordPiece's ``"##able"``); the first token decoded alone; a token with no text its piece's name."""
+    ids = [int(i) for i in ids]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+
+    def decode(seq: list[int]) -> str:
+        return tokenizer.decode(seq, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    alone = [decode([i]) for i in ids]
     texts = []
-    for i, piece in zip(ids, pieces, strict=True):
-        text = tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        texts.append(text if text != "" else str(piece))
+    for j, i in enumerate(ids):
+        text = alone[j]
+        if j > 0:
+            pair = decode([ids[j - 1], i])
+            if pair.startswith(alone[j - 1]) and len(pair) > len(alone[j - 1]):
+                text = pair[len(alone[j - 1]) :]
+        texts.append(text if text != "" else str(pieces[j]))
     return texts
 
 
 def word_starts(tokenizer: Any, ids: Sequence[int], specials: set[int]) -> list[bool]:
-    """Whether each token starts a new word: the first, a special token and the token after one, a WordPiece token
-    without ``##``, and a token the decoded pair (previous, this) separates from the previous one by whitespace."""
-    ids = list(ids)
-    starts = []
+    """Whether each token starts a new word: the first, a special token and the token after one, and a token whose
+    text in the sequence (`token_texts`) starts with whitespace (or whose piece starts with ``Ġ`` / ``▁``); a
+    WordPiece continuation (``##``) never does."""
+    ids = [int(i) for i in ids]
     texts = token_texts(tokenizer, ids)
     pieces = tokenizer.convert_ids_to_tokens(ids)
+    starts = []
     for j, i in enumerate(ids):
+        piece = str(pieces[j])
         if j == 0 or i in specials or ids[j - 1] in specials:
             starts.append(True)
-            continue
-        if str(pieces[j]).startswith("##"):
+        elif piece.startswith("##"):
             starts.append(False)
-            continue
-        if texts[j][:1].isspace() or str(pieces[j])[:1] in ("Ġ", "▁"):
-            starts.append(True)
-            continue
-        pair = tokenizer.decode([ids[j - 1], i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        prev = texts[j - 1]
-        starts.append(pair.startswith(prev) and pair[len(prev) : len(prev) + 1].isspace())
+        else:
+            starts.append(texts[j][:1].isspace() or piece[:1] in ("Ġ", "▁"))
     return starts
