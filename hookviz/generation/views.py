@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .explanation import GenerationExplanation
 
 # inline blocks: a line of tokens wraps between them, and a token's own spaces stay visible inside its box
+_LINE = "line-height: 1.9; font-family: monospace; border-bottom: 1px solid #ddd"
 _SPAN = "display: inline-block; padding: 0 2px; margin: 1px 0; border-radius: 3px; white-space: pre"
 
 
@@ -69,9 +70,7 @@ def to_html(exp: GenerationExplanation, *, max_prompts: int | None = 20, scale: 
                 f'<span title="generated token {g}{(": " + info) if info else ""}" style="outline: 2px solid #333; '
                 f'{_SPAN}"><b>{_shown(tok)}</b></span>{versus}'
             )
-            lines.append(
-                f'<div style="line-height: 1.9; font-family: monospace; border-bottom: 1px solid #ddd">{"".join(spans)}</div>'
-            )
+            lines.append(f'<div style="{_LINE}">{"".join(spans)}</div>')
         head = f"prompt {i}: {p} prompt tokens, {len(exp.generated_tokens[i])} generated"
         generated = "".join(exp.generated_tokens[i])
         blocks.append(
