@@ -564,3 +564,45 @@ def test_works_under_no_grad(tok) -> None:
         exp = hv.explain_generation(m, tok, "w1 w2", target="w3 w4")
         assert not torch.is_grad_enabled()  # switched on for the call only
     assert close(exp.scores[0], reference(m, ids_of(tok, "w1 w2"), ids_of(tok, "w3 w4", False), "input-x-gradient"))
+
+
+# -- the command line -----------------------------------------------------------------------------------------------
+def test_cli_explains_a_local_model_folder(tmp_path, capsys, tok) -> None:
+    from hookviz.cli import main
+
+    folder = tmp_path / "lm"
+    gpt2().float().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (tmp_path / "prompts.txt").write_text("w1 w2 w3\n\nw4\n")
+    out = tmp_path / "gen.html"
+    args = ["explain-generation", "--model", str(folder), "--prompt-file", str(tmp_path / "prompts.txt")]
+    assert main([*args, "--max-new-tokens", "3", "--out", str(out)]) == 0
+    page = out.read_text()
+    assert page.count("prompt 0:") == 1 and page.count("prompt 1:") == 1 and "<script" not in page
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--model", "MISSING", "--prompt", "w1"], "not a Hugging Face model folder"),
+        (["--model", "FOLDER"], "give a prompt"),
+        (["--model", "FOLDER", "--prompt", "w1", "--out", "x.gif"], "--out must end with"),
+        (["--model", "FOLDER", "--prompt", "w1", "--target", ""], "tokenizes to nothing"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, capsys, tok, extra: list[str], match: str) -> None:
+    from hookviz.cli import main
+
+    folder = tmp_path / "lm"
+    gpt2().float().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    argv = ["explain-generation", *[str(folder) if a == "FOLDER" else str(tmp_path / a) if a == "MISSING" else a
+                                    for a in extra]]  # fmt: skip
+    capsys.readouterr()  # save_pretrained's progress bars
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    # one error line (transformers' own loading progress bars may precede it), no traceback
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and lines[0].startswith("hookviz explain-generation: error:") and match in lines[0]

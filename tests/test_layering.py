@@ -111,6 +111,7 @@ LAYERS: list[str] = [
     "hookviz.cli.report",
     "hookviz.cli.evaluate",
     "hookviz.cli.features",
+    "hookviz.cli.generation",
     "hookviz.cli.app",
     "hookviz.cli",
     "hookviz.cli.__main__",
