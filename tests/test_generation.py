@@ -175,6 +175,29 @@ def test_the_relevance_methods_run_and_are_causal(model, tok) -> None:
         assert (s[:, :3].abs().sum(1) > 0).all()
 
 
+@pytest.mark.parametrize("method", ["attention-rollout", "gradient-rollout"])
+def test_rollouts_equal_the_method_read_one_step_at_a_time(model, tok, method: str) -> None:
+    # the rollouts themselves are checked against their references in test_attention_rollout.py; here: each step's
+    # row equals the method run alone on the prefix, read at its last token, explaining the step's logit
+    exp = hv.explain_generation(model, tok, "w4 w5", target="w6 w7 w8", method=method)
+    ids = torch.tensor([ids_of(tok, "w4 w5 w6 w7 w8")])
+    cls = hv.AttentionRollout if method == "attention-rollout" else hv.GradientRollout
+    for g in range(3):
+        want = cls(model, token=-1).attribute(ids[:, : 2 + g], target=lambda out, g=g: out.logits[:, -1, ids[0, 2 + g]])
+        assert close(exp.scores[0][g, : 2 + g], want[0])
+        assert (exp.scores[0][g, 2 + g :] == 0).all()
+
+
+def test_rollout_rows_per_target_are_checked() -> None:
+    model = gpt2()
+    with pytest.raises(TypeError, match=r"\(N, K\) integer tensor"):
+        hv.AttentionRollout(model, token=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="one row in -3..2 per input and target"):
+        hv.AttentionRollout(model, token=torch.tensor([[0, 3]])).attribute(
+            torch.tensor([[5, 6, 7]]), target=lambda out: out.logits[:, -1, :2]
+        )
+
+
 # -- peers ----------------------------------------------------------------------------------------------------------
 def test_input_x_gradient_equals_captum_llm_gradient_attribution() -> None:
     attr = require("captum.attr")
@@ -221,7 +244,11 @@ def test_occlusion_equals_captum_llm_attribution_feature_ablation() -> None:
 
 
 # -- batching, generation, forced targets ---------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["saliency", "input-x-gradient", "integrated-gradients", "attn-lrp", "occlusion"])
+@pytest.mark.parametrize(
+    "method",
+    ["saliency", "input-x-gradient", "integrated-gradients", "attn-lrp", "occlusion", "attention-rollout",
+     "gradient-rollout"],
+)  # fmt: skip
 def test_a_prompt_alone_equals_the_same_prompt_batched_with_a_longer_one(model, tok, method: str) -> None:
     kw = {"steps": 3} if method == "integrated-gradients" else None
     alone = hv.explain_generation(model, tok, "w4 w5", method=method, max_new_tokens=4, method_kwargs=kw)

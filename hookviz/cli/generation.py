@@ -14,7 +14,10 @@ DESCRIPTION = (
     "Face folder (config, weights, tokenizer) loaded with AutoModelForCausalLM / AutoTokenizer.from_pretrained, "
     "offline. Writes self-contained HTML (.html) or a heat map (.png, .pdf, .svg)."
 )
-METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "attn-lrp", "cp-lrp", "occlusion")
+METHODS = (
+    "saliency", "input-x-gradient", "integrated-gradients", "attn-lrp", "cp-lrp", "attention-rollout",
+    "gradient-rollout", "occlusion",
+)  # fmt: skip
 
 
 def add_parser(sub: Any) -> None:

@@ -12,6 +12,9 @@ Input x Gradient, Integrated Gradients and the relevance methods (their sum over
 share of the score), the L2 norm for the plain gradient (Saliency: its signed sum is no attribution, e.g. rounding
 noise after a LayerNorm, whose gradient sums to zero over the embedding).
 
+The attention rollouts (Abnar & Zuidema, 2020; Chefer et al., 2021) give token scores themselves: step k's row of
+the rollout matrix at the position that predicts its token (`RolloutAttribution`'s ``token=`` as an (n, K) tensor).
+
 Occlusion (Zeiler & Fergus, 2014, arXiv:1311.2901) runs forward passes only: each source token in turn replaced by
 the baseline token (the continuation teacher-forced), one pass scoring every step at once; the score of (step,
 token) is clean score minus occluded score.
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..methods import LRP, InputXGradient, IntegratedGradients, Saliency
+from ..methods import LRP, AttentionRollout, GradientRollout, InputXGradient, IntegratedGradients, Saliency
 from ..methods.base import Attribution
 from ..targets import RowTarget
 from .model import LanguageModel
@@ -42,6 +45,7 @@ class MethodSpec:
 
     build: Callable[..., Attribution] | None  # (model, embedding, baseline id, rows, **method_kwargs); None: occlusion
     options: tuple[str, ...]  # method_kwargs it takes
+    rollout: bool = False  # gives (n, K, T) token scores itself, reading the row of each step's position (token=)
 
 
 def _ig(model: Any, emb: Any, baseline: int, rows: int, **kw: Any) -> Attribution:
@@ -55,6 +59,10 @@ METHODS: dict[str, MethodSpec] = {
     "integrated-gradients": MethodSpec(_ig, ("steps", "method", "baseline", "backward")),
     "attn-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "attn-lrp", layer=e, **kw), ("epsilon",)),
     "cp-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "cp-lrp", layer=e, **kw), ("epsilon",)),
+    "attention-rollout": MethodSpec(
+        lambda m, e, b, r, **kw: AttentionRollout(m, **kw), ("head_fusion", "discard_ratio"), rollout=True
+    ),
+    "gradient-rollout": MethodSpec(lambda m, e, b, r, **kw: GradientRollout(m, **kw), ("backward",), rollout=True),
     "occlusion": MethodSpec(None, ("baseline", "batch_size")),
 }
 
@@ -100,18 +108,23 @@ def attribute_steps(
     n, length = ids.shape
     k = steps.pos.shape[1]
     weight = getattr(lm.embedding, "weight", None)
-    width = weight.shape[1] if isinstance(weight, Tensor) else 1
+    # the rollouts hold a (T, T) matrix per step, the other methods a (T, D) attribution
+    width = length if spec.rollout else weight.shape[1] if isinstance(weight, Tensor) else 1
     itemsize = weight.element_size() if isinstance(weight, Tensor) else 4
     size = chunk_size(n, length, width, itemsize, k)
-    method = spec.build(lm.module, lm.embedding, baseline, n, **method_kwargs)
     kwargs = lm.forward_kwargs(mask)
     parts, logits = [], []
+    method = None if spec.rollout else spec.build(lm.module, lm.embedding, baseline, n, **method_kwargs)
     for start in range(0, k, size):
+        chunk = steps.columns(start, start + size)
         stash: dict[str, Tensor] = {}
-        target = RowTarget(explained_score(steps.columns(start, start + size), kind, stash))
-        attribution = method.attribute(ids, target=target, forward_kwargs=kwargs)  # (n, chunk, T, D)
-        a = attribution.detach()
-        parts.append(a.flatten(3).norm(dim=3) if method.token_reduction == "norm" else a.flatten(3).sum(3))
+        target = RowTarget(explained_score(chunk, kind, stash))
+        if method is None:  # a rollout reads each step's row: the position that predicts its token
+            rollout = spec.build(lm.module, lm.embedding, baseline, n, token=chunk.pos, **method_kwargs)
+            parts.append(rollout.attribute(ids, target=target, forward_kwargs=kwargs).detach())  # (n, chunk, T)
+        else:
+            a = method.attribute(ids, target=target, forward_kwargs=kwargs).detach()  # (n, chunk, T, D)
+            parts.append(a.flatten(3).norm(dim=3) if method.token_reduction == "norm" else a.flatten(3).sum(3))
         logits.append(stash["logits"])
     return torch.cat(parts, 1), torch.cat(logits, 1)
 

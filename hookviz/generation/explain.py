@@ -60,12 +60,13 @@ def explain_generation(
         prompts: one prompt or a list.
         method: ``"saliency"`` (Simonyan et al., 2014; the L2 norm of each token's embedding gradient),
             ``"input-x-gradient"`` (Shrikumar et al., 2016), ``"integrated-gradients"`` (Sundararajan et al., 2017;
-            from the embedding of the tokenizer's unknown token, else its pad token, as inseq does),
-            ``"attn-lrp"`` (Achtibat et al., 2024), ``"cp-lrp"`` (Ali et al., 2022), all at the token embedding and
-            summed over it (Saliency: its norm), or ``"occlusion"`` (Zeiler & Fergus, 2014: each source token
+            from the embedding of the tokenizer's unknown token, else its pad token), ``"attn-lrp"`` (Achtibat et
+            al., 2024), ``"cp-lrp"`` (Ali et al., 2022), all at the token embedding and summed over it (Saliency:
+            its norm); ``"attention-rollout"`` (Abnar & Zuidema, 2020) and ``"gradient-rollout"`` (Chefer et al.,
+            2021), each step's row of the rollout; or ``"occlusion"`` (Zeiler & Fergus, 2014: each source token
             replaced by that baseline token, forward passes only). `method_kwargs`: the method's options (``steps``
             and ``method`` of Integrated Gradients, ``baseline`` a token id, ``epsilon`` of LRP, ``backward``,
-            Occlusion's ``batch_size``).
+            Occlusion's ``batch_size``, ``head_fusion`` and ``discard_ratio`` of the attention rollout).
         target: None (the model's own continuation: greedy unless `generation_kwargs` say otherwise), or a string
             (one per prompt in a list) explained as the forced continuation (encoded without special tokens).
         max_new_tokens: the most tokens generated (with ``target=None``).
