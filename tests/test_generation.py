@@ -18,6 +18,7 @@ from refs import require
 from torch import nn
 
 import hookviz as hv
+from hookviz.methods.scope import current_call
 
 transformers = require("transformers")
 tokenizers = require("tokenizers")
@@ -548,38 +549,53 @@ def assert_same(before: dict, model: nn.Module) -> None:
     assert torch.overrides._get_current_function_mode_stack() == []
 
 
-def mid_training(build) -> nn.Module:
+def mid_training(build, arch: str) -> nn.Module:
     model = build().train()
     model.get_input_embeddings().requires_grad_(False)
     ids = torch.tensor([[5, 6, 7, 8]])
     model(ids).logits.sum().backward()
     next(p for p in model.parameters() if p.requires_grad).grad = None  # some .grad None, some set
-    model.transformer.h[0].eval()  # mixed modes must come back mixed
+    (model.transformer.h[0] if arch == "gpt2" else model.model.layers[0]).eval()  # mixed modes come back mixed
     return model
 
 
+LAYER = {"gpt2": lambda m: m.transformer.h[1], "llama": lambda m: m.model.layers[1]}
+
+
+@pytest.mark.parametrize("stage", ["generating", "attributing"])
 @pytest.mark.parametrize("scenario", ["normal", "error-inside", "interrupt"])
-@pytest.mark.parametrize("method", ["input-x-gradient", "integrated-gradients", "attn-lrp", "occlusion"])
-def test_model_left_exactly_as_it_came(tok, method: str, scenario: str) -> None:
-    model = mid_training(gpt2)
-    before = snapshot(model)
+@pytest.mark.parametrize(
+    "method", ["input-x-gradient", "integrated-gradients", "attn-lrp", "gradient-rollout", "occlusion"]
+)
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_model_left_exactly_as_it_came(tok, arch: str, method: str, scenario: str, stage: str) -> None:
+    # mid-training: train mode with one block in eval mode, a frozen embedding, .grad on some parameters; the user's
+    # forward hook in the middle raises while generating (target None) or while attributing (a forced target)
+    model = mid_training(MODELS[arch], arch)
     handle = None
+    exc: BaseException | None = None
     if scenario != "normal":
         exc = ZeroDivisionError("boom") if scenario == "error-inside" else KeyboardInterrupt()
 
         def raise_it(module, args, out):
             raise exc
 
-        handle = model.transformer.h[1].register_forward_hook(raise_it)
-        before = snapshot(model)
+        handle = LAYER[arch](model).register_forward_hook(raise_it)
+    before = snapshot(model)
     kw = {"steps": 2} if method == "integrated-gradients" else None
+    target = None if stage == "generating" else ["w4 w5", "w6"]
     try:
-        if scenario == "normal":
-            hv.explain_generation(model, tok, ["w1 w2", "w3"], method=method, max_new_tokens=3, method_kwargs=kw)
+        if exc is None:
+            hv.explain_generation(
+                model, tok, ["w1 w2", "w3"], method=method, target=target, max_new_tokens=3, method_kwargs=kw
+            )
         else:
             with pytest.raises(type(exc)):
-                hv.explain_generation(model, tok, ["w1 w2", "w3"], method=method, max_new_tokens=3, method_kwargs=kw)
+                hv.explain_generation(
+                    model, tok, ["w1 w2", "w3"], method=method, target=target, max_new_tokens=3, method_kwargs=kw
+                )
         assert_same(before, model)
+        assert current_call() is None  # no hookviz call left active
     finally:
         if handle is not None:
             handle.remove()
