@@ -649,3 +649,25 @@ def test_cli_errors_are_one_line(tmp_path, capsys, tok, extra: list[str], match:
     # one error line (transformers' own loading progress bars may precede it), no traceback
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and lines[0].startswith("hookviz explain-generation: error:") and match in lines[0]
+
+
+def test_row_target_follows_the_rows_of_an_expanded_batch() -> None:
+    # a RowTarget scores each row at its own input's class, whatever rows a method evaluates: equal to class targets
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    classes = torch.tensor([2, 0, 1])
+    row_target = hv.RowTarget(lambda out, rows: out[torch.arange(out.shape[0]), classes[rows]])
+    for method in (
+        hv.IntegratedGradients(net, steps=4, batch_size=2),  # chunks cut across inputs and path points
+        hv.SmoothGrad(hv.Saliency(net), n=3, batch_size=2, generator=torch.Generator().manual_seed(0)),
+        hv.Occlusion(net, window=(2,), batch_size=2),
+    ):
+        if isinstance(method, hv.SmoothGrad):
+            want = hv.SmoothGrad(hv.Saliency(net), n=3, batch_size=2, generator=torch.Generator().manual_seed(0))
+            want = want.attribute(x, target=classes)
+        else:
+            want = method.attribute(x, target=classes)
+        assert torch.allclose(method.attribute(x, target=row_target), want, rtol=0, atol=1e-12), type(method)
+    with pytest.raises(TypeError, match="RowTarget needs a callable"):
+        hv.RowTarget(3)
