@@ -112,13 +112,16 @@ def attribute_steps(
     width = length if spec.rollout else weight.shape[1] if isinstance(weight, Tensor) else 1
     itemsize = weight.element_size() if isinstance(weight, Tensor) else 4
     size = chunk_size(n, length, width, itemsize, k)
-    kwargs = lm.forward_kwargs(mask)
+    # the logits needed: from the first step's position (the longest continuation's) to the end
+    keep = length - int(steps.pos[steps.valid].min()) if bool(steps.valid.any()) else None
+    kwargs = lm.forward_kwargs(mask, keep)
+    read = steps.shifted(lm.offset(length, keep))
     parts, logits = [], []
     method = None if spec.rollout else spec.build(lm.module, lm.embedding, baseline, n, **method_kwargs)
     for start in range(0, k, size):
         chunk = steps.columns(start, start + size)
         stash: dict[str, Tensor] = {}
-        target = RowTarget(explained_score(chunk, kind, stash))
+        target = RowTarget(explained_score(read.columns(start, start + size), kind, stash))
         if method is None:  # a rollout reads each step's row: the position that predicts its token
             rollout = spec.build(lm.module, lm.embedding, baseline, n, token=chunk.pos, **method_kwargs)
             parts.append(rollout.attribute(ids, target=target, forward_kwargs=kwargs).detach())  # (n, chunk, T)
@@ -144,8 +147,10 @@ def occlusion(
     (default: as many as the batch has sequences)."""
     n, length = ids.shape
     rows = torch.arange(n)
+    keep = length - int(steps.pos[steps.valid].min()) if bool(steps.valid.any()) else None
+    steps = steps.shifted(lm.offset(length, keep))
     with torch.no_grad():
-        clean_logits = step_logits(lm(ids, mask), steps, rows)
+        clean_logits = step_logits(lm(ids, mask, keep), steps, rows)
         clean = _score(clean_logits, steps, rows, kind)
         # every real token of every sequence, except the last (it predicts nothing that is explained)
         which = mask.bool().clone()
@@ -157,7 +162,7 @@ def occlusion(
             s, c = seq[start : start + per_pass], col[start : start + per_pass]
             occluded = ids[s].clone()
             occluded[torch.arange(s.shape[0]), c] = baseline
-            logits = step_logits(lm(occluded, mask[s]), steps, s.cpu())
+            logits = step_logits(lm(occluded, mask[s], keep), steps, s.cpu())
             out[s, :, c] = clean[s] - _score(logits, steps, s.cpu(), kind)
     return out * steps.valid.to(out.device).unsqueeze(-1), clean_logits
 

@@ -58,9 +58,11 @@ class LanguageModel:
     takes_positions: bool
     takes_cache_flag: bool
     max_positions: int | None
+    takes_logits_to_keep: bool = False
 
-    def forward_kwargs(self, mask: Tensor) -> dict[str, Any]:
-        """Keyword arguments of ``forward`` for a left-padded batch with this attention mask."""
+    def forward_kwargs(self, mask: Tensor, keep: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of ``forward`` for a left-padded batch with this attention mask; `keep`: only the last
+        `keep` positions' logits are needed (passed on where ``forward`` takes ``logits_to_keep``)."""
         kwargs: dict[str, Any] = {}
         if self.takes_mask:
             kwargs["attention_mask"] = mask
@@ -68,11 +70,20 @@ class LanguageModel:
             kwargs["position_ids"] = position_ids(mask)
         if self.takes_cache_flag:
             kwargs["use_cache"] = False  # no key/value cache built (memory) nor kept
+        if keep is not None and self.takes_logits_to_keep:
+            # the output layer runs on the last `keep` positions only: the steps' logits are all there, and the
+            # (T, V) product of a large vocabulary is no longer paid at every position, forward and backward
+            kwargs["logits_to_keep"] = keep
         return kwargs
 
-    def __call__(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """(N, T, V) logits of a left-padded batch."""
-        return next_token_logits(self.module(ids, **self.forward_kwargs(mask)), *ids.shape)
+    def offset(self, length: int, keep: int | None) -> int:
+        """The position of the first logits row `forward_kwargs(mask, keep)` gives, in a batch of `length` columns."""
+        return length - keep if keep is not None and self.takes_logits_to_keep else 0
+
+    def __call__(self, ids: Tensor, mask: Tensor, keep: int | None = None) -> Tensor:
+        """(N, T, V) logits of a left-padded batch ((N, keep, V), the last positions', where `keep` is honoured)."""
+        length = ids.shape[1] - self.offset(ids.shape[1], keep)
+        return next_token_logits(self.module(ids, **self.forward_kwargs(mask, keep)), ids.shape[0], length)
 
 
 def _forward_params(model: nn.Module) -> tuple[set[str], bool]:
@@ -119,6 +130,7 @@ def language_model(model: Any, vocab_size: int | None) -> LanguageModel:
         takes_positions="position_ids" in names,
         takes_cache_flag="use_cache" in names,
         max_positions=limit,
+        takes_logits_to_keep="logits_to_keep" in names,
     )
 
 

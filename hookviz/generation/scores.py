@@ -42,6 +42,11 @@ class Steps:
         c = None if self.contrast is None else self.contrast[:, start:stop]
         return Steps(self.pos[:, start:stop], self.token[:, start:stop], c, self.valid[:, start:stop])
 
+    def shifted(self, offset: int) -> Steps:
+        """The same steps read from logits that start at position `offset` (the model kept the last ones only)."""
+        # the padding columns of shorter continuations (not valid, scored 0) are read at the first kept position
+        return Steps((self.pos - offset).clamp(min=0), self.token, self.contrast, self.valid)
+
 
 def token_score(logits: Tensor, token: Tensor, kind: str) -> Tensor:
     """The `kind` score of `token` (...,) under `logits` (..., V)."""
