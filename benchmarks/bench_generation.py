@@ -13,6 +13,8 @@ after one warm-up. Cases:
 
 - ``floor``: by hand, one forward pass over prompt + continuation with the token embeddings as a leaf, then one
   ``torch.autograd.grad`` to the embeddings per generated token over that graph (the issue's floor);
+- ``floor-keep``: the same with the output layer run on the generated positions only (``logits_to_keep``, what
+  ``explain_generation`` does): the floor of that computation;
 - ``ixg`` / ``ixg-vmap``: ``explain_generation(method="input-x-gradient")`` with the backward passes looped (the
   CPU default) or vectorized (``backward="vmap"``);
 - ``per-token``: by hand, one forward pass over the prefix and one backward pass per generated token (what inseq
@@ -39,8 +41,11 @@ from typing import Any
 
 import torch
 
-CASES = ("floor", "ixg", "ixg-vmap", "per-token", "captum", "ig-floor", "ig", "occlusion")
-FLOOR = {"ixg": "floor", "ixg-vmap": "floor", "per-token": "floor", "captum": "floor", "ig": "ig-floor"}
+CASES = ("floor", "floor-keep", "ixg", "ixg-vmap", "per-token", "captum", "ig-floor", "ig", "occlusion")
+FLOOR = {
+    "floor-keep": "floor", "ixg": "floor", "ixg-vmap": "floor", "per-token": "floor", "captum": "floor",
+    "ig": "ig-floor",
+}  # fmt: skip
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
@@ -78,13 +83,17 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     p, g = len(p_ids), len(t_ids)
     emb = model.get_input_embeddings()
 
-    def floor(points: list[tuple[float, float]]) -> None:
+    def floor(points: list[tuple[float, float]], keep: bool = False) -> None:
         e = emb(seq).detach()
         base = emb(torch.zeros_like(seq)).detach()
         for a, _ in points:
             x = (base + a * (e - base)).requires_grad_(True)
-            logits = model(inputs_embeds=x, use_cache=False).logits[0]
-            scores = logits[torch.arange(p - 1, p + g - 1), torch.tensor(t_ids)]
+            if keep:  # logits of the last g + 1 positions only
+                logits = model(inputs_embeds=x, use_cache=False, logits_to_keep=g + 1).logits[0]
+                scores = logits[torch.arange(0, g), torch.tensor(t_ids)]
+            else:
+                logits = model(inputs_embeds=x, use_cache=False).logits[0]
+                scores = logits[torch.arange(p - 1, p + g - 1), torch.tensor(t_ids)]
             for k in range(g):
                 torch.autograd.grad(scores[k], x, retain_graph=k < g - 1)
 
@@ -110,6 +119,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
     fns = {
         "floor": lambda: floor([(1.0, 1.0)]),
+        "floor-keep": lambda: floor([(1.0, 1.0)], keep=True),
         "ixg": explain("input-x-gradient", backward="loop"),
         "ixg-vmap": explain("input-x-gradient", backward="vmap"),
         "per-token": per_token,
