@@ -434,6 +434,14 @@ def test_a_model_whose_output_is_not_logits_is_refused(tok) -> None:
     with pytest.raises(ValueError, match="no next-token logits"):
         hv.explain_generation(Hidden(), tok, "w1 w2", max_new_tokens=2)
 
+    class States(Hidden):  # (N, T, 8) hidden states: a tensor of the right rank, too narrow for 64 token ids
+        def forward(self, ids):
+            return self.emb(ids)
+
+    for target in (None, "w3"):  # while generating, and while attributing a forced target
+        with pytest.raises(ValueError, match="no next-token logits over the tokenizer's 64 ids"):
+            hv.explain_generation(States(), tok, "w1 w2", target=target, max_new_tokens=2)
+
 
 # -- the result object ----------------------------------------------------------------------------------------------
 def hand_made() -> hv.GenerationExplanation:

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..methods import LRP, AttentionRollout, GradientRollout, InputXGradient, IntegratedGradients, Saliency
 from ..methods.base import Attribution
 from ..targets import RowTarget
-from .model import LanguageModel
+from .model import LanguageModel, NotLogitsError
 from .scores import Steps, explained_score, step_logits, token_score
 
 CHUNK_BYTES = 512 * 2**20  # the attribution at the embedding kept at once, per chunk of steps
@@ -121,13 +121,18 @@ def attribute_steps(
     for start in range(0, k, size):
         chunk = steps.columns(start, start + size)
         stash: dict[str, Tensor] = {}
-        target = RowTarget(explained_score(read.columns(start, start + size), kind, stash))
-        if method is None:  # a rollout reads each step's row: the position that predicts its token
-            rollout = spec.build(lm.module, lm.embedding, baseline, n, token=chunk.pos, **method_kwargs)
-            parts.append(rollout.attribute(ids, target=target, forward_kwargs=kwargs).detach())  # (n, chunk, T)
-        else:
-            a = method.attribute(ids, target=target, forward_kwargs=kwargs).detach()  # (n, chunk, T, D)
-            parts.append(a.flatten(3).norm(dim=3) if method.token_reduction == "norm" else a.flatten(3).sum(3))
+        target = RowTarget(explained_score(read.columns(start, start + size), kind, stash, lm.vocab_size))
+        try:
+            if method is None:  # a rollout reads each step's row: the position that predicts its token
+                rollout = spec.build(lm.module, lm.embedding, baseline, n, token=chunk.pos, **method_kwargs)
+                parts.append(rollout.attribute(ids, target=target, forward_kwargs=kwargs).detach())  # (n, chunk, T)
+            else:
+                a = method.attribute(ids, target=target, forward_kwargs=kwargs).detach()  # (n, chunk, T, D)
+                parts.append(a.flatten(3).norm(dim=3) if method.token_reduction == "norm" else a.flatten(3).sum(3))
+        except RuntimeError as exc:  # the methods wrap a failing target; a model without logits says so itself
+            if isinstance(exc.__cause__, NotLogitsError):
+                raise exc.__cause__ from None
+            raise
         logits.append(stash["logits"])
     return torch.cat(parts, 1), torch.cat(logits, 1)
 

@@ -33,13 +33,24 @@ def logits_of(output: Any) -> Tensor | None:
     return None
 
 
-def next_token_logits(output: Any, n: int, t: int | None = None) -> Tensor:
-    """The (N, T, V) next-token logits of a model output (T unchecked if None), or a ValueError saying what came."""
+class NotLogitsError(ValueError):
+    """The model's output holds no next-token logits (raised as itself, also from inside a method's target)."""
+
+
+def next_token_logits(output: Any, n: int, t: int | None = None, vocab: int | None = None) -> Tensor:
+    """The (N, T, V) next-token logits of a model output (T unchecked if None; V at least `vocab`, the tokenizer's
+    ids, if given), or a ValueError saying what came."""
     logits = logits_of(output)
     ok = logits is not None and logits.dim() == 3 and logits.is_floating_point() and logits.shape[0] == n
+    if ok and vocab is not None and logits.shape[-1] < vocab:
+        raise NotLogitsError(
+            f"the model's output has no next-token logits over the tokenizer's {vocab} ids: its last dimension is "
+            f"{logits.shape[-1]} (shape {tuple(logits.shape)}); hidden states are not logits, explain_generation "
+            "needs a causal language model with its output layer (AutoModelForCausalLM, not AutoModel)"
+        )
     if not ok or (t is not None and logits.shape[1] != t):
         got = f"a tensor of shape {tuple(logits.shape)}" if logits is not None else type(output).__name__
-        raise ValueError(
+        raise NotLogitsError(
             f"the model's output has no next-token logits: expected (N, T, V) = ({n}, {t or 'T'}, vocabulary) float "
             "logits "
             f"(a tensor, or an output with a logits attribute such as a Hugging Face CausalLMOutput), got {got}; "
@@ -59,6 +70,7 @@ class LanguageModel:
     takes_cache_flag: bool
     max_positions: int | None
     takes_logits_to_keep: bool = False
+    vocab_size: int | None = None  # the tokenizer's ids: the logits must cover them
 
     def forward_kwargs(self, mask: Tensor, keep: int | None = None) -> dict[str, Any]:
         """Keyword arguments of ``forward`` for a left-padded batch with this attention mask; `keep`: only the last
@@ -83,7 +95,8 @@ class LanguageModel:
     def __call__(self, ids: Tensor, mask: Tensor, keep: int | None = None) -> Tensor:
         """(N, T, V) logits of a left-padded batch ((N, keep, V), the last positions', where `keep` is honoured)."""
         length = ids.shape[1] - self.offset(ids.shape[1], keep)
-        return next_token_logits(self.module(ids, **self.forward_kwargs(mask, keep)), ids.shape[0], length)
+        output = self.module(ids, **self.forward_kwargs(mask, keep))
+        return next_token_logits(output, ids.shape[0], length, self.vocab_size)
 
 
 def _forward_params(model: nn.Module) -> tuple[set[str], bool]:
@@ -131,6 +144,7 @@ def language_model(model: Any, vocab_size: int | None) -> LanguageModel:
         takes_cache_flag="use_cache" in names,
         max_positions=limit,
         takes_logits_to_keep="logits_to_keep" in names,
+        vocab_size=vocab_size,
     )
 
 

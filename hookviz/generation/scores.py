@@ -62,12 +62,15 @@ def step_logits(logits: Tensor, steps: Steps, rows: Tensor) -> Tensor:
     return logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
 
 
-def explained_score(steps: Steps, kind: str, stash: dict[str, Tensor] | None = None) -> Callable[[Any, Tensor], Tensor]:
+def explained_score(
+    steps: Steps, kind: str, stash: dict[str, Tensor] | None = None, vocab: int | None = None
+) -> Callable[[Any, Tensor], Tensor]:
     """``fn(output, rows) -> (n, K)``: the explained score of every step of the rows' sequences (0, still connected
-    to the graph, where a sequence has fewer steps); the first call's step logits go to ``stash["logits"]``."""
+    to the graph, where a sequence has fewer steps); the first call's step logits go to ``stash["logits"]``; `vocab`:
+    the tokenizer's ids, which the logits must cover."""
 
     def fn(output: Any, rows: Tensor) -> Tensor:
-        logits = next_token_logits(output, rows.shape[0])
+        logits = next_token_logits(output, rows.shape[0], vocab=vocab)
         at = step_logits(logits, steps, rows)
         if stash is not None and "logits" not in stash:
             stash["logits"] = at.detach()
