@@ -264,6 +264,22 @@ def test_a_prompt_alone_equals_the_same_prompt_batched_with_a_longer_one(model, 
     assert close(batched.scores[0], one_by_one.scores[0])
 
 
+@pytest.mark.parametrize("method", ["input-x-gradient", "integrated-gradients", "gradient-rollout"])
+def test_steps_in_chunks_give_the_same_scores(monkeypatch, tok, method: str) -> None:
+    # a memory bound of one byte: one step per chunk (one forward pass each), the same numbers
+    from hookviz.generation import attribute
+
+    m = gpt2()
+    kw = {"steps": 3} if method == "integrated-gradients" else None
+    args = (m, tok, ["w1 w2 w3", "w4"])
+    whole = hv.explain_generation(*args, target=["w5 w6 w7", "w8 w9"], method=method, method_kwargs=kw)
+    monkeypatch.setattr(attribute, "CHUNK_BYTES", 1)
+    assert attribute.chunk_size(2, 6, 32, 8, 3) == 1
+    chunked = hv.explain_generation(*args, target=["w5 w6 w7", "w8 w9"], method=method, method_kwargs=kw)
+    for a, b in zip(chunked.scores, whole.scores, strict=True):
+        assert close(a, b)
+
+
 def test_generation_is_greedy_and_forcing_it_gives_the_same_scores(model, tok) -> None:
     exp = hv.explain_generation(model, tok, ["w1 w2 w3", "w9"], max_new_tokens=5)
     for i, prompt in enumerate(["w1 w2 w3", "w9"]):

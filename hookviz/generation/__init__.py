@@ -2,9 +2,9 @@
 generated before it, from one forward pass over prompt and continuation (`explain_generation`), as a
 `GenerationExplanation`."""
 
-from .attribute import CHUNK_BYTES, METHODS
+from .attribute import METHODS
 from .explain import explain_generation
 from .explanation import GenerationExplanation
 from .scores import SCORES, STEP_SCORES
 
-__all__ = ["CHUNK_BYTES", "METHODS", "SCORES", "STEP_SCORES", "GenerationExplanation", "explain_generation"]
+__all__ = ["METHODS", "SCORES", "STEP_SCORES", "GenerationExplanation", "explain_generation"]
