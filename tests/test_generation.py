@@ -411,6 +411,13 @@ BAD = {
     "max_new_tokens zero": (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
     "prompts not text": (dict(prompts=[1, 2]), TypeError, "prompts must be"),
     "unknown method option": (dict(method_kwargs={"stepz": 3}), TypeError, "stepz"),
+    "bad method option": (dict(method="integrated-gradients", method_kwargs={"steps": 0}), ValueError, "steps"),
+    "baseline not a token id": (dict(method="occlusion", method_kwargs={"baseline": 0.5}), TypeError, "baseline"),
+    "baseline out of the vocabulary": (
+        dict(method="integrated-gradients", method_kwargs={"baseline": 99}),
+        ValueError,
+        "token embedding has 64",
+    ),
     "not a tokenizer": (dict(tokenizer="none"), TypeError, "Hugging Face tokenizer interface"),
 }
 

@@ -50,7 +50,8 @@ class MethodSpec:
 
 def _ig(model: Any, emb: Any, baseline: int, rows: int, **kw: Any) -> Attribution:
     # one path point per pass over the batch: a pass is a batch of sequences, as for the other methods
-    return IntegratedGradients(model, layer=emb, baseline=kw.pop("baseline", baseline), batch_size=rows, **kw)
+    kw.pop("baseline", None)  # the caller passes the checked baseline token id
+    return IntegratedGradients(model, layer=emb, baseline=baseline, batch_size=rows, **kw)
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -144,6 +144,13 @@ def explain_generation(
                 raise ValueError(_contrast_length(i, len(ids), len(forced[i])))
     baseline = _baseline_id(tokenizer, pad)
     options_baseline = options.get("baseline", baseline)
+    if isinstance(options_baseline, bool) or not isinstance(options_baseline, int) or options_baseline < 0:
+        raise TypeError(f"method_kwargs['baseline'] must be a token id (an int >= 0), got {options_baseline!r}")
+    _check_ids("method_kwargs['baseline']", 0, [options_baseline], rows)
+    if spec.build is not None:  # the method's own checks of its options (and of the model: LRP's layer map) now
+        spec.build(model, lm.embedding, options_baseline, 1, **{k: v for k, v in options.items() if k != "baseline"})
+    elif options.get("batch_size") is not None:
+        int_option("method_kwargs['batch_size']", options["batch_size"], "None or an int >= 1 (occluded copies)")
     for where, seqs in (("prompts", encoded), ("target", forced or []), ("contrast", contrast_ids or [])):
         for i, ids in enumerate(seqs):
             _check_ids(where, i, ids, rows)
