@@ -8,8 +8,8 @@ Usage::
 A GPT-2 from a config (random weights, seed 0, vocabulary 50,257, eval mode) and a word-level tokenizer of as many
 words, built here (no download); one prompt of ``--prompt`` random words and a forced continuation of
 ``--generated`` words (forcing keeps every case on the same work). Each case runs in a fresh process (its peak
-resident memory above the process after setup is its memory; ``ru_maxrss``), the median of ``--repeats`` calls
-after one warm-up. Cases:
+resident memory above the process after setup is its memory), the median of ``--repeats`` calls
+after one warm-up (Linux: the peak is ``VmHWM``, reset before the calls). Cases:
 
 - ``floor``: by hand, one forward pass over prompt + continuation with the token embeddings as a leaf, then one
   ``torch.autograd.grad`` to the embeddings per generated token over that graph (the issue's floor);
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -129,15 +128,28 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         "occlusion": explain("occlusion"),
     }
     fn = fns[case]
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # the peak resident memory of the calls above the process after setup: VmHWM reset here (ru_maxrss would carry
+    # the parent's peak over exec and hide a smaller one)
+    rss0 = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     fn()  # warm-up
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024  # KiB -> MiB
+    peak = (_status_kib("VmHWM") - rss0) / 1024  # KiB -> MiB
     return {"case": case, "median_s": statistics.median(times), "times": times, "peak_mib": peak}
+
+
+def _status_kib(key: str) -> int:
+    """A ``/proc/self/status`` value in KiB (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {key}")
 
 
 def main() -> None:
