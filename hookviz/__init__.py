@@ -11,6 +11,7 @@ from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
+from .generation import GenerationExplanation, explain_generation
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .images import IMAGENET, Batch, Preset, auto_preprocess, load_images
 from .integrations.tracker import ExplanationTracker
@@ -60,7 +61,7 @@ from .record import ActivationRecorder, GradientRecorder
 
 # the function shadows its subpackage on purpose: hv.report(...) is the API; `from hookviz.report import x` works
 from .report import report
-from .targets import Targets, batched_grad
+from .targets import RowTarget, Targets, batched_grad
 from .text import TokenExplanation
 
 try:
@@ -90,6 +91,7 @@ __all__ = [
     "GradCAM",
     "GradCAMPlusPlus",
     "GradientRollout",
+    "GenerationExplanation",
     "GradientShap",
     "GradientFlow",
     "GradientFlowError",
@@ -107,6 +109,7 @@ __all__ = [
     "Occlusion",
     "RISE",
     "ReLUCoverage",
+    "RowTarget",
     "HookError",
     "HookManager",
     "Preset",
@@ -126,6 +129,7 @@ __all__ = [
     "energy_in_mask",
     "evaluate",
     "explain_dataset",
+    "explain_generation",
     "feature_grid",
     "grid",
     "get_method",

@@ -12,7 +12,10 @@ A target spec is one of:
 - a callable ``f(output) -> Tensor`` of shape (N,) or (N, K): a score per input (and per target), for models whose
   output is not a class vector (segmentation maps, dicts, detection heads). It is always called on outputs whose
   row i belongs to the user's input i: methods that expand the batch call it once per block of N rows
-  (`aligned_scores`). An (N, K) result spanning the logits' whole class or vocabulary axis is refused.
+  (`aligned_scores`). An (N, K) result spanning the logits' whole class or vocabulary axis is refused;
+- a `RowTarget`: a callable whose scores depend on which input a row of the output belongs to (a language model's
+  next-token logit at each input's own positions); methods that expand the batch (path points, noisy copies,
+  perturbed copies) hand it the input index of every row they evaluate, in one call per chunk.
 
 Class targets (None, ints, index tensors) read the class scores from the model output (`class_logits`): a tensor
 (N, classes); an object with a ``logits`` attribute or a mapping with a ``"logits"`` key (Hugging Face's
@@ -38,6 +41,55 @@ TargetSpec: TypeAlias = (
     "int | np.integer | Sequence[int] | Sequence[Sequence[int]] | Tensor | np.ndarray | TargetFn | None"
 )
 BackwardStrategy: TypeAlias = Literal["auto", "vmap", "loop"]
+
+
+class RowTarget:
+    """A callable target whose scores depend on the input each output row belongs to.
+
+    ``fn(output, rows) -> (n,) or (n, K)``: `rows` (n,) holds, for each of the n rows of `output`, the index of its
+    input among the N inputs of the call. A plain callable target cannot tell that a method expanding the batch
+    (Integrated Gradients' path points, SmoothGrad's noisy copies, Occlusion's occluded copies) evaluates input i
+    at row j: this one is told, through `take`. Called directly, the rows are the inputs in order, ``arange(n)``.
+
+    Example: the logit of each input's own token at each input's own position, ``(N, T, V)`` logits::
+
+        RowTarget(lambda out, rows: out.logits[rows, pos[rows], tok[rows]])
+    """
+
+    def __init__(self, fn: Callable[[Any, Tensor], Tensor], rows: Tensor | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"RowTarget needs a callable fn(output, rows), got {type(fn).__name__}")
+        self.fn = fn
+        self.rows = rows
+
+    def take(self, rows: Tensor) -> RowTarget:
+        """The target of an expanded batch whose rows belong to the inputs `rows` (indices into this target's rows)."""
+        rows = rows.detach().cpu().long()
+        return RowTarget(self.fn, rows if self.rows is None else self.rows[rows])
+
+    def __call__(self, output: Any) -> Tensor:
+        if self.rows is not None:
+            return self.fn(output, self.rows)
+        n = class_rows(output)
+        return self.fn(output, torch.arange(n))
+
+    @property
+    def __name__(self) -> str:  # named in the callable-target error messages
+        return f"RowTarget({getattr(self.fn, '__name__', type(self.fn).__name__)})"
+
+
+def class_rows(output: Any) -> int:
+    """The number of rows N of a model output: a tensor's first dimension, else that of its logits (attribute, key
+    or first element of a tuple)."""
+    if isinstance(output, Tensor):
+        return output.shape[0]
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
+        return output["logits"].shape[0]
+    if isinstance(getattr(output, "logits", None), Tensor):
+        return output.logits.shape[0]
+    if isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
+        return output[0].shape[0]
+    raise ValueError(f"cannot tell the number of rows of a model output of type {type(output).__name__}")
 
 
 @dataclass
@@ -71,6 +123,8 @@ class TargetPlan:
             return TargetPlan(self.indices[rows.to(self.indices.device)], None, self.multi)
         if self.fn is None:
             return self  # "top class" is resolved per row
+        if isinstance(self.fn, RowTarget):
+            return TargetPlan(None, self.fn.take(rows), self.multi)  # told its rows: one call per chunk
         rows = rows.cpu().long()
         if self.rows is not None:
             rows = self.rows[rows]

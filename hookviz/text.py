@@ -1,7 +1,10 @@
 """`TokenExplanation`: token attributions for people, as highlighted text.
 
 ``IntegratedGradients(model, layer="embedding").visualize(token_ids, vocab=vocab)`` returns one: the attribution at
-the embedding, (N, T, D), summed over the embedding dimension to one signed score per token, (N, T). Tokens are
+the embedding, (N, T, D), reduced over the embedding dimension to one score per token, (N, T), by the method's
+convention (`Attribution.token_reduction`): summed where the attribution is a signed share of the score (Input x
+Gradient, Integrated Gradients, relevance), the L2 norm for a plain gradient (Saliency: its signed sum over the
+embedding is no attribution, e.g. rounding noise of 1e-10 after a LayerNorm where the norm is 1e-3 to 1). Tokens are
 drawn with a background colour whose hue is the sign (red: for the target, blue: against) and whose strength is
 ``|score| / scale``, where the scale is shared by all rows (the largest ``|score|`` of the explanation, or one given),
 so rows can be compared. It shows itself in Jupyter (`_repr_html_`), saves as HTML (``.html``) or as a figure
@@ -62,9 +65,9 @@ class TokenExplanation:
     - ``tokens``: the (N, T) token ids;
     - ``targets``: (N, K) class indices (None for a callable target), ``scores``: (N, K) target scores;
     - ``vocab``: token strings indexed by id, or a callable id -> str (None: the ids are shown);
-    - ``labels``: class names indexed by class id.
-
-    ``token_scores`` sums the attribution over the dimensions after the token axis: (N, K, T).
+    - ``labels``: class names indexed by class id;
+    - ``reduction``: how ``token_scores`` reduces the dimensions after the token axis, (N, K, T): ``"sum"`` (signed
+      shares: Input x Gradient, Integrated Gradients, relevance) or ``"norm"`` (L2: Saliency's plain gradients).
     """
 
     attribution: Tensor
@@ -75,8 +78,11 @@ class TokenExplanation:
     multi_target: bool = False
     vocab: Vocab | None = None
     labels: Sequence[str] | None = None
+    reduction: str = "sum"
 
     def __post_init__(self) -> None:
+        if self.reduction not in ("sum", "norm"):
+            raise ValueError(f"reduction must be 'sum' or 'norm', got {self.reduction!r}")
         if not isinstance(self.tokens, Tensor) or self.tokens.dim() != 2:
             got = tuple(self.tokens.shape) if isinstance(self.tokens, Tensor) else type(self.tokens).__name__
             raise ValueError(f"tokens must be an (N, T) tensor of token ids, got {got}")
@@ -98,11 +104,14 @@ class TokenExplanation:
 
     @property
     def token_scores(self) -> Tensor:
-        """(N, K, T) float scores: the attribution summed over the embedding (and any further) dimensions."""
+        """(N, K, T) float scores: the attribution reduced over the embedding (and any further) dimensions, by
+        `reduction` (a sum, or the L2 norm)."""
         a = self.attribution.detach()
         if not self.multi_target:
             a = a.unsqueeze(1)
-        return a.flatten(3).sum(3) if a.dim() > 3 else a
+        if a.dim() <= 3:
+            return a
+        return a.flatten(3).norm(dim=3) if self.reduction == "norm" else a.flatten(3).sum(3)
 
     def token_strings(self) -> list[list[str]]:
         """The tokens of every sequence as strings, through `vocab` (the ids themselves without one)."""
@@ -258,4 +267,5 @@ def explain_tokens(
         multi_target=targets.multi,
         vocab=vocab,
         labels=labels,
+        reduction=getattr(method, "token_reduction", "sum"),
     )

@@ -85,6 +85,8 @@ LAYERS: list[str] = [
     "hookviz.text",
     "hookviz.figures",
     "hookviz.intervention_figures",
+    # a language model's generation explained (methods at the embedding) and its result object
+    "hookviz.generation.*",
     # evaluation, data sets, reports
     "hookviz.metrics._checks",
     "hookviz.metrics.localisation",
@@ -111,6 +113,7 @@ LAYERS: list[str] = [
     "hookviz.cli.report",
     "hookviz.cli.evaluate",
     "hookviz.cli.features",
+    "hookviz.cli.generation",
     "hookviz.cli.app",
     "hookviz.cli",
     "hookviz.cli.__main__",

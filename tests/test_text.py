@@ -99,3 +99,31 @@ def test_errors() -> None:
         explanation().save("tokens.txt")
     with pytest.raises(ValueError, match="scale must be None .* or a number > 0, got 0"):
         explanation().to_html(scale=0)
+
+
+def test_saliency_token_scores_are_the_gradient_norm_not_its_sum() -> None:
+    # Behind a LayerNorm the embedding gradient sums to zero over the embedding (the LayerNorm ignores a constant
+    # added to its input), so a signed sum is rounding noise; Saliency's token score is the gradient's L2 norm.
+    import hookviz as hv
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(20, 16), torch.nn.LayerNorm(16), torch.nn.Flatten(), torch.nn.Linear(5 * 16, 3)
+    ).double()
+    ids = torch.tensor([[1, 4, 7, 2, 9], [3, 3, 8, 0, 5]])
+    exp = hv.Saliency(model, layer=model[0]).visualize(ids, target=1)
+    x = model[0](ids).detach().requires_grad_(True)
+    grad = torch.autograd.grad(model[1:](x)[:, 1].sum(), x)[0]
+    assert grad.sum(-1).abs().max() < 1e-12 * grad.norm(dim=-1).max()  # the premise: the signed sum is noise
+    assert exp.reduction == "norm"
+    assert torch.allclose(exp.token_scores[:, 0], grad.norm(dim=-1), rtol=1e-12, atol=0)
+    # the signed methods still sum: Input x Gradient's token scores add up to its attribution's total
+    ixg = hv.InputXGradient(model, layer=model[0]).visualize(ids, target=1)
+    assert ixg.reduction == "sum"
+    assert torch.allclose(ixg.token_scores[:, 0], (x * grad).sum(-1), rtol=1e-12, atol=1e-15)
+
+
+def test_reduction_is_checked() -> None:
+    with pytest.raises(ValueError, match="reduction must be 'sum' or 'norm'"):
+        explanation(reduction="max")
+    assert explanation(reduction="norm").token_scores[0, 0].tolist() == pytest.approx([1.0, 0.5, 0.0])

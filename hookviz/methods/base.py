@@ -102,6 +102,10 @@ class Attribution:
     multi_input: ClassVar[bool] = False
     # evaluates the model on several rows per input (per-sample extra forward arguments are expanded with them)
     expands_batch: ClassVar[bool] = False
+    # how a token's score reduces the embedding axis of an attribution at a token layer (`TokenExplanation`,
+    # `explain_generation`): "sum" where the attribution is a signed share of the score that adds up (input x
+    # gradient, Integrated Gradients, relevance), "norm" (L2) for a plain gradient, whose signed sum is no attribution
+    token_reduction: ClassVar[str] = "sum"
 
     def __init__(self, model: nn.Module, *, eval_mode: bool = True, backward: BackwardStrategy = "auto") -> None:
         if not isinstance(model, nn.Module):

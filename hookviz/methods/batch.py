@@ -29,7 +29,8 @@ def chunks(total: int, batch_size: int | None) -> Iterator[tuple[int, int]]:
 
 def plan_rows(plan: TargetPlan, inputs: Tensor) -> TargetPlan:
     """The plan of an expanded batch whose rows belong to the inputs `inputs` (indices into the N inputs): class
-    indices gathered, or a callable's rows composed (`TargetPlan.take`: it still sees the user's rows)."""
+    indices gathered, a `RowTarget` told its rows, or a callable's rows composed (`TargetPlan.take`: it still sees
+    the user's rows)."""
     return plan.take(inputs)
 
 

@@ -162,6 +162,9 @@ class Saliency(InputGradientAttribution):
 
     display_defaults = {"reduce": "max-abs", "mode": "minmax", "cmap": "gray", "overlay": False}
     layer_support = True
+    # a token's gradient is a direction, not a share of the score: its signed sum over the embedding is rounding
+    # noise after a LayerNorm (whose input gradient sums to zero over the normalised axis), its norm is the size
+    token_reduction = "norm"
 
 
 @register("input-x-gradient")

@@ -118,6 +118,8 @@ class SmoothGrad(Attribution):
         self._reduction = "mean_sq" if squared else "mean"
         self.generator = generator
         self.display_defaults = dict(method.display_defaults)
+        # the mean of a method's maps reduces like the method; a mean of squares is >= 0 and adds up
+        self.token_reduction = "sum" if squared else method.token_reduction
 
     def __repr__(self) -> str:
         extra = f", batch_size={self.batch_size}" if self.batch_size is not None else ""
@@ -236,6 +238,7 @@ class VarGrad(SmoothGrad):
     ) -> None:
         super().__init__(method, n, sigma, batch_size=batch_size, generator=generator)
         self._reduction = "var"
+        self.token_reduction = "sum"  # variances are >= 0 and add up
         # a variance is >= 0: shown on a sequential scale, not the signed one of the method
         if self.display_defaults.get("cmap") == "bwr":
             self.display_defaults.update(mode="minmax", cmap="inferno")

@@ -112,7 +112,10 @@ def _sdpa_probabilities(a: dict[str, Any]) -> Tensor:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask
-    return torch.softmax(scores, dim=-1)
+    # a query whose every key is masked (a left pad of a batch of prompts) attends to nothing: the fused kernel gives
+    # it 0, a softmax over -inf everywhere NaN, which the rollout's matrix products would spread to every row
+    dead = torch.isneginf(scores).all(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
 class _Mode(TorchFunctionMode):

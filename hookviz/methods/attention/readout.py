@@ -37,7 +37,9 @@ class RolloutAttribution(Attribution):
             "Attention": timm, torchvision and Hugging Face models); a model without any raises `ValueError`.
         token: the row read out: None (default) for the class token (token 0) of image models with prefix tokens and
             of token models, or the mean of the rows for image models without prefix tokens; an int for that token
-            (negative ints count from the end: -1 for a causal language model's last token).
+            (negative ints count from the end: -1 for a causal language model's last token); for token ids, an (N, K)
+            integer tensor: one row per input and target (a language model's generated tokens, each read at the
+            position that predicts it, with an (N, K) target).
     """
 
     display_defaults: ClassVar[dict[str, Any]] = {"reduce": None, "mode": "minmax", "cmap": "jet", "overlay": True}
@@ -47,13 +49,21 @@ class RolloutAttribution(Attribution):
         self,
         model: nn.Module,
         *,
-        token: int | None = None,
+        token: int | Tensor | None = None,
         eval_mode: bool = True,
         backward: BackwardStrategy = "auto",
     ) -> None:
         super().__init__(model, eval_mode=eval_mode, backward=backward)
-        if token is not None and (not isinstance(token, int) or isinstance(token, bool)):
-            raise TypeError(f"token must be None (the class token) or an int (a token's index), got {token!r}")
+        if isinstance(token, Tensor):
+            if token.dim() != 2 or token.is_floating_point() or token.is_complex() or token.dtype == torch.bool:
+                raise TypeError(
+                    f"token as a tensor must be an (N, K) integer tensor of rows (one per input and target), got "
+                    f"{token.dtype} of shape {tuple(token.shape)}"
+                )
+        elif token is not None and (not isinstance(token, int) or isinstance(token, bool)):
+            raise TypeError(
+                f"token must be None (the class token), an int (a token's index) or an (N, K) tensor, got {token!r}"
+            )
         if not attention_modules(model):
             raise ValueError(
                 f"no attention found in {type(model).__name__}: {type(self).__name__} rolls out the attention "
@@ -118,6 +128,15 @@ class RolloutAttribution(Attribution):
     def _read_out(self, rollout: Tensor, x: Tensor) -> Tensor:
         """(N, K, 1, h, w) for images, (N, K, T) for tokens, from (N, K, T, T)."""
         n, k, t, _ = rollout.shape
+        if isinstance(self.token, Tensor):
+            rows = self.token.to(rollout.device).long()
+            if x.dim() == 4 or tuple(rows.shape) != (n, k) or bool(((rows < -t) | (rows >= t)).any()):
+                raise ValueError(
+                    f"token as a tensor must give, for token ids, one row in -{t}..{t - 1} per input and target, "
+                    f"(N, K) = ({n}, {k}); got shape {tuple(rows.shape)} for inputs of shape {tuple(x.shape)}"
+                )
+            rows = rows % t
+            return rollout.gather(2, rows[:, :, None, None].expand(-1, -1, 1, t)).squeeze(2).contiguous()
         if self.token is not None and not -t <= self.token < t:
             raise ValueError(f"token={self.token} is out of range for {t} tokens (valid: {-t}..{t - 1})")
         # results are contiguous copies: AttentionRollout's K targets share one matrix (an expanded view)

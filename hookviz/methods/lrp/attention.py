@@ -54,7 +54,15 @@ def attend(
         if m.dtype == torch.bool:
             m = torch.zeros(m.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
         bias = m if bias is None else bias + m
-    if dropout_p == 0:
+    dead = None
+    if bias is not None:
+        # a query whose every key is masked (a left pad of a batch of prompts) attends to nothing: the fused kernel
+        # gives it 0, where a softmax over -inf everywhere gives NaN, which 0-probability products carry into the
+        # other positions; its row is computed unmasked and zeroed after the softmax (in the decomposed calls)
+        dead = torch.isneginf(bias).all(-1, keepdim=True)
+        bias = bias.masked_fill(dead, 0.0) if bool(dead.any()) else bias
+        dead = dead if bool(dead.any()) else None
+    if dropout_p == 0 and dead is None:
         fused = ops.attention(what, q, k, v, bias, scale, need_p)
         if fused is not None:
             return fused
@@ -62,6 +70,8 @@ def attend(
     if bias is not None:
         s = ops.sum(f"{what} mask", s, bias, (True, False))  # the mask absorbs its share, as in an eager model
     p = ops.softmax(f"{what} softmax", s, -1, lambda t: torch.softmax(t, -1))
+    if dead is not None:
+        p = ops.tag(p.masked_fill(dead, 0.0))
     if dropout_p > 0:
         p = ops.tag(F.dropout(p, dropout_p))
     return ops.product(f"{what} p@v", p, v, "matmul"), p
