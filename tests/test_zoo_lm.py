@@ -137,8 +137,8 @@ def test_tokenizer_bad_input() -> None:
 def _reference_logits(model: zoo.RetrievalLM, ids: torch.Tensor) -> torch.Tensor:
     """The model written out in float64 from its parameters: a pre-norm decoder with explicit causal softmax attention
     (no fused kernel), rotary positions written as 2-D rotations of the pairs (i, i + d/2) by angle t * theta^(-2i/d)
-    (Su et al. 2021, LLaMA's layout), each key smeared with the one before it by sigmoid(smear) (Olsson et al. 2022),
-    LayerNorm and the exact GELU from their formulas, positions 0..T-1."""
+    (Su et al. 2021, LLaMA's layout), each key smeared with the one before it by two weights per head (Olsson et al.
+    2022), LayerNorm and the exact GELU from their formulas, positions 0..T-1."""
     p = {k: v.double() for k, v in model.state_dict().items()}
     n, t = ids.shape
     x = p["embed.weight"][ids]
@@ -163,9 +163,8 @@ def _reference_logits(model: zoo.RetrievalLM, ids: torch.Tensor) -> torch.Tensor
         q, k, v = linear(norm(x, f"blocks.{b}.norm1"), f"blocks.{b}.attn.qkv").split(d, dim=-1)
         q, k, v = (z.reshape(n, t, heads, hd).transpose(1, 2) for z in (q, k, v))
         q, k = rotate(q), rotate(k)
-        share = torch.sigmoid(p[f"blocks.{b}.attn.smear"])  # (H, 1, 1)
         before = torch.cat([torch.zeros_like(k[:, :, :1]), k[:, :, :-1]], dim=2)  # nothing before the first token
-        k = (1 - share) * k + share * before
+        k = p[f"blocks.{b}.attn.key_keep"] * k + p[f"blocks.{b}.attn.key_smear"] * before  # (H, 1, 1) weights
         scores = (q @ k.transpose(-1, -2) / math.sqrt(hd)).masked_fill(future, -math.inf)
         x = x + linear((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(n, t, d), f"blocks.{b}.attn.proj")
         h = linear(norm(x, f"blocks.{b}.norm2"), f"blocks.{b}.mlp.fc1")
@@ -179,7 +178,7 @@ def test_lm_structure_and_forward_match_a_float64_reference(trained) -> None:
     cfg = model.config
     assert (cfg.vocab_size, cfg.max_position_embeddings) == (len(VOCAB), 32)
     assert (cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (PAD_ID, BOS_ID, EOS_ID)
-    assert sum(p.numel() for p in model.parameters()) == 104_748  # a couple of hundred kilobytes in float16
+    assert sum(p.numel() for p in model.parameters()) == 104_756  # a couple of hundred kilobytes in float16
     ids = zoo.retrieval(4, seed=9).ids[:, :14]
     logits = model(ids)
     assert logits.shape == (4, 14, len(VOCAB)) and logits.dtype == torch.float32

@@ -20,7 +20,7 @@ from .tokenizer import RetrievalTokenizer
 from .vit import Mlp
 
 LM_WEIGHTS_FILE = Path(__file__).resolve().parent / "retrieval_lm.safetensors"
-LM_WEIGHTS_SHA256 = "3ba15250317e6030ddeb39c1afe1e81204908334ea20143bffb254dac1b4a331"
+LM_WEIGHTS_SHA256 = "cb47ad3e3d13bc9ecbdf90c130d7147bcb076deef8b03e9a0e7bdce905813c71"
 
 
 @dataclass
@@ -63,8 +63,11 @@ class CausalAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        # per head, the share of a key taken from the token before (through a sigmoid: 0.5 at the start)
-        self.smear = nn.Parameter(torch.zeros(heads, 1, 1))
+        # per head, the weights of a key and of the key of the token before it in the smeared key (0.5 each at the
+        # start; two free weights, not Olsson et al.'s sigmoid gate s, 1 - s: the relevance rules cover a product
+        # and a sum, not the subtraction of a gate from 1)
+        self.key_keep = nn.Parameter(torch.full((heads, 1, 1), 0.5))
+        self.key_smear = nn.Parameter(torch.full((heads, 1, 1), 0.5))
 
     def forward(
         self, x: Tensor, rotary: tuple[Tensor, Tensor], previous: Tensor, allowed: Tensor | None = None
@@ -75,8 +78,7 @@ class CausalAttention(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         # smeared keys (Olsson et al. 2022, "In-context Learning and Induction Heads"): each key mixes in the key of
         # the token before it (none before the first token or after padding: `previous` (N, 1, T, 1) is 0 there)
-        share = torch.sigmoid(self.smear)
-        k = (1 - share) * k + share * F.pad(k, (0, 0, 1, 0))[:, :, :-1] * previous
+        k = self.key_keep * k + self.key_smear * (F.pad(k, (0, 0, 1, 0))[:, :, :-1] * previous)
         if allowed is None:
             x = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -109,14 +111,15 @@ class RetrievalLM(nn.Module):
     pre-norm ``blocks`` (``norm1``, ``attn``: rotary position embeddings on q and k, then one fused causal
     ``F.scaled_dot_product_attention`` call, ``norm2``, ``mlp``: ``fc1``, ``nn.GELU``, ``fc2``), a final ``norm`` and
     an untied linear ``head``. Positions enter through the rotations only, and each attention key is smeared with the
-    key of the token before it (Olsson et al. 2022, "In-context Learning and Induction Heads": a learned share per
-    head). Why: retrieval is an induction head (the asked key finds the value whose previous token is that key); with
-    learned absolute positions and plain keys the model sat on a plateau at chance (any listed value) for thousands of
-    steps, with smeared keys it learns the task in a few hundred. With an `attention_mask` (N, T) of 1 for real
-    tokens and 0 for padding (left or right), no real token attends to padding or smears a padding key into its own,
-    and positions count real tokens only, so padding leaves the logits of the real tokens unchanged (up to float
-    rounding); a padding row attends to itself only, its logits mean nothing. `inputs_embeds` (N, T, D) may replace
-    `input_ids` (as Hugging Face models take them).
+    key of the token before it (Olsson et al. 2022, "In-context Learning and Induction Heads": two learned weights per
+    head, ``key_keep`` and ``key_smear``). Why: retrieval is an induction head (the asked key finds the value whose
+    previous token is that key); with learned absolute positions and plain keys the model sat on a plateau at chance
+    (any listed value) for thousands of steps, with smeared keys it learns the task in a few hundred.
+
+    With an `attention_mask` (N, T) of 1 for real tokens and 0 for padding (left or right), no real token attends to
+    padding or smears a padding key into its own, and positions count real tokens only, so padding leaves the logits
+    of the real tokens unchanged (up to float rounding); a padding row attends to itself only, its logits mean
+    nothing. `inputs_embeds` (N, T, D) may replace `input_ids` (as Hugging Face models take them).
     """
 
     def __init__(self, config: RetrievalLMConfig | None = None) -> None:
