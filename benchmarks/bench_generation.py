@@ -233,7 +233,11 @@ def hookviz_run(model: torch.nn.Module, tok: Any, prompt: str, continuation: str
     if not hasattr(hv, "explain_generation"):
         raise NotImplementedError("needs hv.explain_generation (branch gen, issue 26 parts 1-3): not merged yet")
     name = {"ixg": "input-x-gradient", "ig8": "integrated-gradients", "occlusion": "occlusion"}[method]
-    kwargs: dict[str, Any] = {}
+    # inseq's target (the probability of each generated token) and its IG (8 Gauss-Legendre points from the unknown
+    # token's embedding): the same work as the floor and inseq rows
+    kwargs: dict[str, Any] = {"score": "probability", "step_scores": ()}
+    if method == "ig8":
+        kwargs["method_kwargs"] = {"steps": IG_STEPS}
     return hv.explain_generation(model, tok, [prompt], method=name, target=continuation, **kwargs)
 
 
@@ -273,9 +277,9 @@ def child(row: str, size: str, repeats: int) -> None:
     print(json.dumps({"s": times, "peak_mib": max(0.0, (_status_kib("VmHWM") - before) / 1024)}))
 
 
-def run_row(row: str, size: str, repeats: int, python: str, timeout: float) -> dict[str, Any]:
+def run_row(row: str, size: str, repeats: int, python: str, timeout: float, path: str) -> dict[str, Any]:
     cmd = [python, __file__, "--child", row, "--size", size, "--repeats", str(repeats)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=path)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -284,7 +288,10 @@ def run_row(row: str, size: str, repeats: int, python: str, timeout: float) -> d
         last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
         return {"row": row, "size": size, "error": last[0][:300]}
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"row": row, "size": size, "runs": len(got["s"]), "s": statistics.median(got["s"]), **got}
+    return {
+        "row": row, "size": size, "runs": len(got["s"]), "s": statistics.median(got["s"]), "times": got["s"],
+        "peak_mib": got["peak_mib"],
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- equality dump
@@ -354,6 +361,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a row may take before it is given up")
     ap.add_argument("--inseq-python", default=str(DEFAULT_INSEQ_PYTHON), help="the python of inseq's environment")
     ap.add_argument("--out", default=None, help="write <out>.json (appended to when it exists) and <out>.md")
+    ap.add_argument("--pythonpath", default=str(ROOT), help="where the rows import hookviz from (default: this tree)")
     ap.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     ap.add_argument("--dump", metavar="NPZ", help="write the peers' matrices on the tiny GPT-2 to NPZ and stop")
     args = ap.parse_args()
@@ -372,7 +380,7 @@ def main() -> None:
         if row.startswith("inseq") and not Path(python).exists():
             r = {"row": row, "size": args.size, "error": f"inseq's environment {python} does not exist"}
         else:
-            r = run_row(row, args.size, args.repeats, python, args.timeout)
+            r = run_row(row, args.size, args.repeats, python, args.timeout, args.pythonpath)
         r["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         results = [x for x in results if (x["row"], x["size"]) != (row, args.size)] + [r]
         msg = r.get("error") or f"{r['s']:.2f} s (median of {r['runs']})  peak +{r['peak_mib']:.0f} MiB"

@@ -15,24 +15,27 @@ from hookviz.zoo import retrieval_eval as ev
 HAS_API = hasattr(hv, "explain_generation")
 
 
-def _explanation(data: zoo.Retrieval, pick, *, bos: bool = False, eos: bool = False) -> types.SimpleNamespace:
-    """A generation explanation of `data`'s prompts with their answers (and <eos> when `eos`), as
-    `hv.GenerationExplanation` lays it out: per prompt a (G, S) matrix over the prompt's tokens then the generated
-    ones before the last; the first row's top score on the prompt word `pick(i, words)` (None: all zeros)."""
+def _explanation(
+    data: zoo.Retrieval, pick, *, bos: bool = False, eos: bool = False, all_generated: bool = False
+) -> types.SimpleNamespace:
+    """A generation explanation of `data`'s prompts with their answers (and <eos> when `eos`): per prompt a (G, S)
+    matrix over the prompt's tokens then the generated ones (all of them when `all_generated`, as
+    `hv.GenerationExplanation` lays them out, else those before the last), tokens with a leading space; the first
+    row's top score on the prompt word `pick(i, words)` (None: all zeros)."""
     scores, sources, generated = [], [], []
     for i, prompt in enumerate(data.prompts):
         words = prompt.split()
         answer = zoo.retrieval_eval.VOCAB[int(data.answers[i])]
         gen = [answer, "<eos>"] if eos else [answer]
-        src = (["<bos>"] if bos else []) + words + gen[:-1]
+        src = (["<bos>"] if bos else []) + [f" {w}" for w in words] + (gen if all_generated else gen[:-1])
         s = torch.zeros(len(gen), len(src))
         j = pick(i, words)
         if j is not None:
             s[0, j + bos] = 1.0
             s[0, :] -= 0.5  # negative elsewhere: the top is the highest, not the largest magnitude
             s[0, j + bos] = 1.0
-        if eos:
-            s[0, -1] = 5.0  # the generated answer is no source of its own row: beyond the prompt, never picked
+        if eos or all_generated:
+            s[0, -1] = 5.0  # a generated token is no source of the first row: beyond the prompt, never picked
         scores.append(s)
         sources.append(src)
         generated.append(gen)
@@ -48,10 +51,14 @@ def test_scores_count_the_evidence(data) -> None:
     chance = sum(1 / (2 * k + 2) for k in data.pairs.tolist()) / len(data)  # a uniform pick among the prompt words
     key = ev.score_explanation(_explanation(data, lambda i, w: int(data.key_positions[i])), data)
     assert key == {"key": 1.0, "value": 0.0, "either": 1.0, "query": 0.0, "random": pytest.approx(chance)}
-    value = ev.score_explanation(_explanation(data, lambda i, w: int(data.value_positions[i]), bos=True), data)
+    value = ev.score_explanation(
+        _explanation(data, lambda i, w: int(data.value_positions[i]), bos=True, all_generated=True), data
+    )
     assert (value["key"], value["value"], value["either"], value["query"]) == (0.0, 1.0, 1.0, 0.0)
     # the query after "?" is the same token as the key in the list: told apart by place
-    query = ev.score_explanation(_explanation(data, lambda i, w: int(data.query_positions[i]), eos=True), data)
+    query = ev.score_explanation(
+        _explanation(data, lambda i, w: int(data.query_positions[i]), eos=True, all_generated=True), data
+    )
     assert (query["key"], query["value"], query["query"]) == (0.0, 0.0, 1.0)
     # the first listed key: right exactly when the first pair is asked for
     first = ev.score_explanation(_explanation(data, lambda i, w: 0), data)
@@ -67,8 +74,12 @@ def test_bad_explanations_are_refused(data) -> None:
     exp = _explanation(data, lambda i, w: 0)
     with pytest.raises(ValueError, match="the explanation holds 39 prompts, the data 40"):
         ev.score_explanation(types.SimpleNamespace(**{**vars(exp), "scores": exp.scores[1:]}), data)
-    with pytest.raises(ValueError, match=r"scores must be \(G, S\) with S = 3 source tokens, got \(1, 4\)"):
-        ev.top_prompt_tokens(torch.zeros(1, 4), ["a", "b", "c"], 1)
+    with pytest.raises(ValueError, match=r"scores must be \(G, S\) with S >= 5 \(the prompt's tokens\), got \(1, 4\)"):
+        ev.top_prompt_token(torch.zeros(1, 4), 5)
+    assert ev.prompt_length([" a", " b", " x"], [" x"]) == 2 and ev.prompt_length(["a", "b"], ["x"]) == 2
+    assert ev.prompt_length(["a", "b", "x"], ["x", "y"]) == 2 and ev.prompt_length(["a", "x", "y"], ["x", "y"]) == 1
+    with pytest.raises(ValueError, match="do not end with the generated"):
+        ev.prompt_length(["a", "b", "z"], ["x", "y"])
     other = zoo.retrieval(40, seed=6)
     with pytest.raises(ValueError, match="prompt 0: the source tokens .* not a prompt of the retrieval task"):
         ev.score_explanation(_explanation(other, lambda i, w: 0), data)

@@ -59,17 +59,26 @@ class RetrievalScore:
     error: str | None = None
 
 
-def top_prompt_tokens(scores: torch.Tensor, source_tokens: Sequence[str], n_generated: int) -> int:
-    """The index in `source_tokens` of the highest score of the first generated token over the prompt.
+def prompt_length(source_tokens: Sequence[str], generated_tokens: Sequence[str]) -> int:
+    """How many of `source_tokens` are the prompt's: the sources are the prompt's tokens, then the generated tokens
+    (all G of them, the entries at and after a token's own position zero, as ``hv.GenerationExplanation`` lays them
+    out, or the G - 1 before the last)."""
+    src, gen = [t.strip() for t in source_tokens], [t.strip() for t in generated_tokens]
+    g = len(gen)
+    if g and len(src) >= g and src[len(src) - g :] == gen:
+        return len(src) - g
+    if len(src) >= g - 1 and src[len(src) - (g - 1) :] == gen[: g - 1]:
+        return len(src) - (g - 1)
+    raise ValueError(f"the source tokens {list(source_tokens)} do not end with the generated {list(generated_tokens)}")
 
-    `scores` is one prompt's (G, S) matrix (generated token x source token: the prompt's tokens, then the G - 1
-    generated tokens before the last); the first row's sources are the prompt's S - (G - 1) tokens.
+
+def top_prompt_token(scores: torch.Tensor, prompt: int) -> int:
+    """The index of the highest score of the first generated token over the `prompt` first source tokens.
+
+    `scores` is one prompt's (G, S) matrix (generated token x source token: the prompt's tokens, then generated ones).
     """
-    if scores.ndim != 2 or scores.shape[1] != len(source_tokens):
-        raise ValueError(
-            f"scores must be (G, S) with S = {len(source_tokens)} source tokens, got {tuple(scores.shape)}"
-        )
-    prompt = len(source_tokens) - (n_generated - 1)
+    if scores.ndim != 2 or not 0 < prompt <= scores.shape[1]:
+        raise ValueError(f"scores must be (G, S) with S >= {prompt} (the prompt's tokens), got {tuple(scores.shape)}")
     return int(scores[0, :prompt].double().argmax())
 
 
@@ -82,8 +91,8 @@ def score_explanation(exp: Any, data: Retrieval) -> dict[str, float]:
     hits = {"key": 0, "value": 0, "either": 0, "query": 0}
     chance = 0.0
     for i, (scores, sources) in enumerate(zip(exp.scores, exp.source_tokens, strict=True)):
-        g = len(exp.generated_tokens[i])
-        prompt = [t.strip() for t in sources[: len(sources) - (g - 1)]]
+        n_prompt = prompt_length(sources, exp.generated_tokens[i])
+        prompt = [t.strip() for t in sources[:n_prompt]]
         words = data.prompts[i].split()
         asked, answer = words[int(data.key_positions[i])], VOCAB[int(data.answers[i])]
         key_at = [j for j, t in enumerate(prompt) if t == asked]
@@ -92,7 +101,7 @@ def score_explanation(exp: Any, data: Retrieval) -> dict[str, float]:
                 f"prompt {i}: the source tokens {prompt} do not hold the asked key {asked!r} twice and its value "
                 f"{answer!r}: not a prompt of the retrieval task"
             )
-        top = top_prompt_tokens(scores, sources, g)
+        top = top_prompt_token(scores, n_prompt)
         value_at = prompt.index(answer)
         hits["key"] += top == key_at[0]
         hits["value"] += top == value_at
