@@ -206,7 +206,9 @@ def inseq_matrix(out: Any) -> np.ndarray:
     return a.numpy()
 
 
-def captum_run(model: torch.nn.Module, tok: Any, prompt: str, target_ids: torch.Tensor, method: str) -> Any:
+def captum_run(
+    model: torch.nn.Module, tok: Any, prompt: str, target_ids: torch.Tensor, method: str, cached: bool = True
+) -> Any:
     from captum.attr import (
         FeatureAblation,
         LayerGradientXActivation,
@@ -224,7 +226,10 @@ def captum_run(model: torch.nn.Module, tok: Any, prompt: str, target_ids: torch.
         return LLMGradientAttribution(LayerIntegratedGradients(model, wte), tok).attribute(
             inp, target=target_ids, n_steps=IG_STEPS
         )
-    return LLMAttribution(FeatureAblation(model), tok).attribute(inp, target=target_ids)
+    # captum's default (use_cached_outputs=True: the ablated prompt's continuation decoded with the key-value cache)
+    # is what its users run and what is timed; under transformers 5 its logits differ from the full forward pass from
+    # the second target token on (tests/test_generation_peers.py), so the equality dump also holds cached=False
+    return LLMAttribution(FeatureAblation(model), tok).attribute(inp, target=target_ids, use_cached_outputs=cached)
 
 
 def hookviz_run(model: torch.nn.Module, tok: Any, prompt: str, continuation: str, method: str) -> Any:
@@ -317,7 +322,9 @@ def dump(path: str) -> None:
         res = captum_run(model, tok, prompt, c, method)
         out[f"captum_{method}"] = res.token_attr.detach().float().numpy()  # (G, P): the prompt only, log-prob
     res = captum_run(model, tok, prompt, c, "ablation")
-    out["captum_ablation"] = res.token_attr.detach().float().numpy()
+    out["captum_ablation"] = res.token_attr.detach().float().numpy()  # log p - log p(occluded), the prompt only
+    res = captum_run(model, tok, prompt, c, "ablation", cached=False)
+    out["captum_ablation_uncached"] = res.token_attr.detach().float().numpy()
     try:
         import inseq  # noqa: F401
     except ImportError as exc:
