@@ -16,8 +16,8 @@ Rows (one fresh process each: its time and its peak RSS above the resident memor
 ``bench_peers.py``):
 
 - ``floor-ixg``: the least any gradient method costs, by hand: one forward over prompt + continuation with the input
-  embeddings as a leaf, then one ``autograd.grad`` of each generated token's probability to the embeddings (64
-  backward passes over the one graph).
+  embeddings as a leaf (the output layer on the generated tokens' positions only: ``logits_to_keep``), then one
+  ``autograd.grad`` of each generated token's probability to the embeddings (64 backward passes over the one graph).
 - ``floor-ig8``: the same per path point of 8-step Integrated Gradients (8 forwards, 8 x 64 backwards).
 - ``floor-occlusion``: one no-grad forward of the teacher-forced sequence per source token (each occluded source
   scores every generated token at once), plus the unoccluded one.
@@ -131,10 +131,12 @@ def floor_gradients(
     D): a path point of Integrated Gradients), one forward and G backward passes over one graph."""
     emb = model.get_input_embeddings()(ids[None]) if emb is None else emb
     emb = emb.detach().requires_grad_(True)
-    logits = model(inputs_embeds=emb).logits[0]  # (T, V)
     t = ids.shape[0]
     start = t - n_gen - 1  # position P - 1 predicts the first generated token
-    probs = torch.softmax(logits[start : t - 1], -1).gather(1, ids[start + 1 :, None]).squeeze(1)  # (G,)
+    # the output layer on the G + 1 last positions only (transformers' logits_to_keep): the (T, V) product over a
+    # 50k vocabulary at every position is work no method needs
+    logits = model(inputs_embeds=emb, logits_to_keep=n_gen + 1).logits[0, :-1]  # (G, V)
+    probs = torch.softmax(logits, -1).gather(1, ids[start + 1 :, None]).squeeze(1)  # (G,)
     grads = []
     for k in range(n_gen):
         (g,) = torch.autograd.grad(probs[k], emb, retain_graph=k < n_gen - 1)
@@ -173,7 +175,7 @@ def floor_occlusion(model: torch.nn.Module, ids: torch.Tensor, n_gen: int, basel
     start = t - n_gen - 1
 
     def probs(seq: torch.Tensor) -> torch.Tensor:
-        logits = model(seq[None]).logits[0, start : t - 1]
+        logits = model(seq[None], logits_to_keep=n_gen + 1).logits[0, :-1]
         return torch.softmax(logits, -1).gather(1, seq[start + 1 :, None]).squeeze(1)
 
     base = probs(ids)
