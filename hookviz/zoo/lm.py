@@ -50,10 +50,11 @@ class CausalAttention(nn.Module):
     """Causal multi-head self-attention with rotary position embeddings and one fused
     ``F.scaled_dot_product_attention`` call.
 
-    (N, T, D), the rotary (cos, sin) of each position, each (N, 1, T, D / heads), and an optional (N, 1, T, T) bool
-    mask of the allowed (query, key) pairs -> (N, T, D): ``qkv`` (one ``nn.Linear`` D -> 3D) split into `heads`
-    heads, q and k rotated by their position (Su et al. 2021, "RoFormer", in LLaMA's half-split layout), the softmax
-    attention of Vaswani et al. 2017, ``proj``.
+    (N, T, D), the rotary (cos, sin) of each position, each (N, 1, T, D / heads), `previous` (N, 1, T, 1): 1 where
+    the token before is a real one, and an optional (N, 1, T, T) bool mask of the allowed (query, key) pairs -> (N,
+    T, D): ``qkv`` (one ``nn.Linear`` D -> 3D) split into `heads` heads, q and k rotated by their position (Su et al.
+    2021, "RoFormer", in LLaMA's half-split layout), each key smeared with the one before it (``key_keep`` * k +
+    ``key_smear`` * k_before), the softmax attention of Vaswani et al. 2017, ``proj``.
     """
 
     def __init__(self, dim: int, heads: int) -> None:
