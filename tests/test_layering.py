@@ -35,10 +35,14 @@ LAYERS: list[str] = [
     "hookviz.images",
     "hookviz.classes",
     "hookviz.layouts",
-    # the shapes data set, its model and weights (they use only the foundation and images)
+    # the shapes data set, its models and weights, the retrieval task and its language model (they use only the
+    # foundation and images)
     "hookviz.zoo.data",
     "hookviz.zoo.model",
     "hookviz.zoo.vit",
+    "hookviz.zoo.retrieval",
+    "hookviz.zoo.tokenizer",
+    "hookviz.zoo.lm",
     "hookviz.zoo.train",
     "hookviz.zoo",
     # attribution methods (never import presentation: `visualize` reaches it through hookviz._present)
@@ -105,6 +109,8 @@ LAYERS: list[str] = [
     "hookviz.integrations.*",
     # the public API, then the command line on top of it
     "hookviz",
+    # the zoo's faithfulness evaluation calls the public API (hookviz.zoo does not import it)
+    "hookviz.zoo.retrieval_eval",
     "hookviz.cli.common",
     "hookviz.cli.models",
     "hookviz.cli.demo",

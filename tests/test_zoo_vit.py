@@ -194,7 +194,7 @@ def test_training_a_tiny_vit_is_reproducible(tmp_path, capsys) -> None:
     other = tmp_path / "seed1.safetensors"
     zoo.train(other, model="vit", seed=1, epochs=1, per_epoch=48, fresh=4, progress=False)
     assert other.read_bytes() != out.read_bytes()
-    with pytest.raises(ValueError, match="model must be one of 'cnn', 'vit', got 'resnet'"):
+    with pytest.raises(ValueError, match="model must be one of 'cnn', 'vit', 'lm', got 'resnet'"):
         zoo.train(tmp_path / "x.safetensors", model="resnet")
 
 
