@@ -15,7 +15,8 @@ of these thumbnails must pay, before rendering a map or writing the detail view'
 
 First-page render: Chromium (``/usr/bin/chromium`` or ``HOOKVIZ_CHROMIUM``) through Playwright opens
 ``index.html`` from the file system ``--repeats`` times in fresh pages; the time runs from ``goto`` to the grid
-drawn with its first three rows' images decoded (as in the browser test), median reported. Nothing is asserted.
+drawn with its first three rows' images decoded and their method thumbnails drawn from the map files (as in the
+browser test), median reported. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+# as tests/test_report_browser.py: the first three rows' images decoded and their method thumbnails drawn
+FIRST_ROWS_DRAWN = (
+    "[...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) img')].every(i => i.complete && i.naturalWidth)"
+    " && [...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) canvas.tile')]"
+    ".every(c => c.dataset.drawn === '1')"
+)
 
 
 def make_stores(root: Path, n: int, methods: list[str]) -> tuple[list[Path], ShapesDataset]:
@@ -88,10 +97,7 @@ def render_times(index: Path, repeats: int) -> list[float]:
             t = time.perf_counter()
             page.goto(index.as_uri())
             page.wait_for_selector("body[data-ready='1']")
-            page.wait_for_function(
-                "[...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) img')]"
-                ".every(i => i.complete && i.naturalWidth)"
-            )
+            page.wait_for_function(FIRST_ROWS_DRAWN)
             out.append(time.perf_counter() - t)
             page.close()
         browser.close()
@@ -133,6 +139,13 @@ def main() -> None:
                 "cpu_s_median": round(statistics.median(cpu), 1),
                 "files": len(files),
                 "mbytes": round(sum(p.stat().st_size for p in files) / 2**20, 1),
+                # per top-level folder (img: image sprite sheets, maps: the map files the page draws from, ...)
+                "mbytes_by_folder": {
+                    part: round(
+                        sum(p.stat().st_size for p in files if p.relative_to(report_dir).parts[0] == part) / 2**20, 1
+                    )
+                    for part in sorted({p.relative_to(report_dir).parts[0] for p in files})
+                },
             }
         )
         print(rows[-1])

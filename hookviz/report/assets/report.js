@@ -137,8 +137,8 @@
   // raw values of item i's map from method j: Float64Array of C*h*w, with its shape
   function rawMap(records, j, i) {
     const r = records[j], [c, h, w] = r.shape, size = c * h * w, k = i % D.block;
-    const lo = r.lo[k], span = r.hi[k] - lo, out = new Float64Array(size);
-    for (let q = 0; q < size; q++) out[q] = lo + (r.codes[k * size + q] / 65535) * span;
+    const lo = r.lo[k], step = r.step[k], out = new Float64Array(size);
+    for (let q = 0; q < size; q++) out[q] = lo + r.codes[k * size + q] * step; // as hookviz.report.mapdata.decode
     return { values: out, shape: [c, h, w] };
   }
 
