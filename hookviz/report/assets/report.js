@@ -181,7 +181,6 @@
     }
     return { rgb, alpha };
   }
-  window.HV.thumbLayer = thumbLayer;
   const sheets = {};
   function sheet(s) { // the images' sprite sheet s, loaded once
     if (!sheets[s]) sheets[s] = new Promise((resolve, reject) => {
