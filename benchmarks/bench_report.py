@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/hookviz-bench-report")
     ap.add_argument("--out", default="benchmarks/results/report-cpu.json")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--render-repeats", type=int, default=None, help="first-page loads (default: --repeats)")
     args = ap.parse_args()
     root = Path(args.root)
     load_start = os.getloadavg()
@@ -164,7 +165,7 @@ def main() -> None:
         "python": platform.python_version(),
     }
     if not args.no_browser:
-        rt = render_times(index, args.repeats)
+        rt = render_times(index, args.render_repeats or args.repeats)
         result["first_page_render_ms"] = {
             "median": round(statistics.median(rt) * 1000),
             "min": round(min(rt) * 1000),
