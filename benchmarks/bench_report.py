@@ -15,7 +15,8 @@ of these thumbnails must pay, before rendering a map or writing the detail view'
 
 First-page render: Chromium (``/usr/bin/chromium`` or ``HOOKVIZ_CHROMIUM``) through Playwright opens
 ``index.html`` from the file system ``--repeats`` times in fresh pages; the time runs from ``goto`` to the grid
-drawn with its first three rows' images decoded (as in the browser test), median reported. Nothing is asserted.
+drawn with its first three rows' images decoded and their method thumbnails drawn from the map files (as in the
+browser test), median reported. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ FLAGS = [
 ]
 
 
+# as tests/test_report_browser.py: the first three rows' images decoded and their method thumbnails drawn
+FIRST_ROWS_DRAWN = (
+    "[...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) img')].every(i => i.complete && i.naturalWidth)"
+    " && [...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) canvas.tile')]"
+    ".every(c => c.dataset.drawn === '1')"
+)
+
+
 def make_stores(root: Path, n: int, methods: list[str]) -> tuple[list[Path], ShapesDataset]:
     model, data = shapes_model(), ShapesDataset(n, seed=0)
     paths = []
@@ -61,10 +70,11 @@ def floor(data: ShapesDataset, columns: int) -> float:
     """Seconds to PNG-encode the images' sprite sheets on one thread, times 1 + columns."""
     from hookviz.display import to_pil, to_uint8
 
-    pixels = to_uint8(data.shapes.images)
+    images = data.shapes.images
     t = time.perf_counter()
-    for a in range(0, pixels.shape[0], 64):
-        sheet = torch.cat(pixels[a : a + 64].unbind(0), dim=-1)
+    for a in range(0, images.shape[0], 64):
+        # converted a sheet at a time: the whole set at once was killed for memory at 100,000 images
+        sheet = torch.cat(to_uint8(images[a : a + 64]).unbind(0), dim=-1)
         to_pil(sheet).save(io.BytesIO(), format="PNG", compress_level=1)
     return (time.perf_counter() - t) * (1 + columns)
 
@@ -88,10 +98,7 @@ def render_times(index: Path, repeats: int) -> list[float]:
             t = time.perf_counter()
             page.goto(index.as_uri())
             page.wait_for_selector("body[data-ready='1']")
-            page.wait_for_function(
-                "[...document.querySelectorAll('#grid tbody tr:nth-child(-n+3) img')]"
-                ".every(i => i.complete && i.naturalWidth)"
-            )
+            page.wait_for_function(FIRST_ROWS_DRAWN)
             out.append(time.perf_counter() - t)
             page.close()
         browser.close()
@@ -107,6 +114,7 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/hookviz-bench-report")
     ap.add_argument("--out", default="benchmarks/results/report-cpu.json")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--render-repeats", type=int, default=None, help="first-page loads (default: --repeats)")
     args = ap.parse_args()
     root = Path(args.root)
     load_start = os.getloadavg()
@@ -133,6 +141,13 @@ def main() -> None:
                 "cpu_s_median": round(statistics.median(cpu), 1),
                 "files": len(files),
                 "mbytes": round(sum(p.stat().st_size for p in files) / 2**20, 1),
+                # per top-level folder (img: image sprite sheets, maps: the map files the page draws from, ...)
+                "mbytes_by_folder": {
+                    part: round(
+                        sum(p.stat().st_size for p in files if p.relative_to(report_dir).parts[0] == part) / 2**20, 1
+                    )
+                    for part in sorted({p.relative_to(report_dir).parts[0] for p in files})
+                },
             }
         )
         print(rows[-1])
@@ -151,7 +166,7 @@ def main() -> None:
         "python": platform.python_version(),
     }
     if not args.no_browser:
-        rt = render_times(index, args.repeats)
+        rt = render_times(index, args.render_repeats or args.repeats)
         result["first_page_render_ms"] = {
             "median": round(statistics.median(rt) * 1000),
             "min": round(min(rt) * 1000),

@@ -71,35 +71,62 @@ def test_files_thumbnails_and_items(built, stores, model, data):
     assert sheet.shape == (64, 64 * N, 3)
     want_img = hv.display.to_uint8(data.shapes.images).permute(0, 2, 3, 1).numpy()
     np.testing.assert_array_equal(sheet[:, 64 * 3 : 64 * 4], want_img[3])
-    for j in range(len(METHODS)):
-        assert Image.open(out / "m" / str(j) / "0.png").size == (64 * N, 64)
-    # the Grad-CAM thumbnail is exactly what Explanation.overlay draws with the method's display defaults
-    store = hv.load_explanations(stores[0])
-    exp = Explanation(
-        store[0:N],
-        data.shapes.images,
-        data.shapes.images,
-        None,
-        torch.zeros(N, 1),
-        "gradcam",
-        display=dict(hv.GradCAM.display_defaults),
+    # the method thumbnails are drawn by the page from the map files (pixels checked in test_report_browser.py)
+    assert not (out / "m").exists()
+    assert [m["folder"] for m in d["methods"]] == [None] * len(METHODS)
+    assert [(m["alpha"], m["alphaByMap"]) for m in d["methods"]] == [(0.5, False), (0.5, True), (0.5, False)]
+
+
+def test_thumbnail_files_where_the_page_cannot_draw_them(tmp_path, monkeypatch):
+    """An overlay whose opacity follows the map, on images larger than a thumbnail, keeps its PNG thumbnails: the
+    page would need every full-size image to blend it. They are what Explanation.overlay draws, resized."""
+    from hookviz.report import thumbnails
+
+    defaults = {**hv.GuidedBackprop.display_defaults, "overlay": True}
+    monkeypatch.setattr(hv.GuidedBackprop, "display_defaults", defaults)
+    data = ShapesDataset(3, seed=2, size=160)
+    g = torch.Generator().manual_seed(0)
+    maps = {"guided-backprop": torch.randn(3, 3, 160, 160, generator=g), "saliency": torch.randn(3, 1, 160, 160)}
+    hv.report(maps, tmp_path / "r", data=data, workers=1)
+    d = _data(tmp_path / "r")
+    assert [m["folder"] for m in d["methods"]] == ["m/0", None]
+    assert not (tmp_path / "r" / "m" / "1").exists()
+    exp = Explanation(maps["guided-backprop"], data.shapes.images, data.shapes.images, None, torch.zeros(3, 1), "gb")
+    exp = exp.with_display(**defaults)
+    want = hv.display.to_uint8(hv.display.resize(exp.overlay(), (128, 128))).permute(0, 2, 3, 1).numpy()
+    sheet = np.asarray(Image.open(tmp_path / "r" / "m" / "0" / "0.png").convert("RGB"))
+    assert sheet.shape == (128, 3 * 128, 3)
+    for i in range(3):
+        np.testing.assert_array_equal(sheet[:, 128 * i : 128 * (i + 1)], want[i])
+    # the rule itself, over the cases
+    column = thumbnails.Column("x", maps["saliency"], None, None, {}, {})
+    assert thumbnails.drawn_in_page(column, (160, 160), (128, 128))  # overlay, one opacity: drawn
+    column.display = {"overlay": True, "alpha_by_map": True}
+    assert thumbnails.drawn_in_page(column, (64, 64), (64, 64))  # the image is its own thumbnail: drawn
+    assert not thumbnails.drawn_in_page(column, (160, 160), (128, 128))
+    column.display = {"overlay": False, "alpha_by_map": True}
+    assert thumbnails.drawn_in_page(column, (160, 160), (128, 128))  # no overlay: opacity unused
+    column.display = {"scale": "shared"}
+    assert not thumbnails.drawn_in_page(column, (64, 64), (64, 64))
+
+
+def test_old_report_is_rebuilt_whole(tmp_path, stores, data):
+    """A folder holding a report of the previous format (method thumbnails as PNG sprite sheets, map files as plain
+    16-bit codes) is rebuilt: none of its files is left behind to be mixed with the new ones."""
+    out = tmp_path / "r"
+    hv.report(stores[:2], out, data=data, workers=1)
+    (out / "m" / "0").mkdir(parents=True)
+    (out / "m" / "0" / "0.png").write_bytes((out / "img" / "0.png").read_bytes())
+    (out / "maps" / "00007.js").write_text('HV.maps(7,[{"shape":[1,2,2],"lo":[0],"hi":[1],"data":"AAAAAAAAAAA="}]);\n')
+    (out / MARKER).write_text(json.dumps({"format": "hookviz-report", "complete": True, "items": N, "methods": []}))
+    hv.report(stores[:2], out, data=data, workers=1)
+    assert not (out / "m").exists() and not (out / "maps" / "00007.js").exists()
+    assert sorted(p.name for p in (out / "maps").iterdir()) == ["00000.js"]
+    assert (
+        '"z":' in (out / "maps" / "00000.js").read_text() and '"data":' not in (out / "maps" / "00000.js").read_text()
     )
-    want = hv.display.to_uint8(exp.overlay()).permute(0, 2, 3, 1).numpy()
-    sheet = np.asarray(Image.open(out / "m" / "0" / "0.png").convert("RGB"))
-    for i in (0, 7):
-        np.testing.assert_array_equal(sheet[:, 64 * i : 64 * (i + 1)], want[i])
-    # Saliency is shown beside the image (display default overlay False): a grey map, not the image
-    exp = Explanation(
-        hv.load_explanations(stores[2])[0:1],
-        data.shapes.images[:1],
-        data.shapes.images[:1],
-        None,
-        torch.zeros(1, 1),
-        "saliency",
-        display=dict(hv.Saliency.display_defaults),
-    )
-    got = np.asarray(Image.open(out / "m" / "2" / "0.png").convert("RGB"))[:, :64]
-    np.testing.assert_array_equal(got, hv.display.to_uint8(exp.heatmap())[0].permute(1, 2, 0).numpy())
+    mark = json.loads((out / MARKER).read_text())
+    assert mark["complete"] is True and mark["version"] == 2
 
 
 def test_per_image_metrics_and_summary(built, stores, data):
@@ -134,8 +161,11 @@ def test_detail_maps_round_trip(built, stores):
         got = mapdata.decode(records[j])
         assert got.shape == maps.shape
         span = (maps.flatten(1).amax(1) - maps.flatten(1).amin(1)).view(-1, 1, 1, 1)
-        assert ((got - maps).abs() <= span / 65535 + 1e-6).all()  # 16-bit codes over each map's range
+        # 16-bit codes over each map's range: within half a step (and float32 rounding of the decoded value)
+        assert ((got - maps).abs() <= span / 65534 / 2 * 1.001 + 1e-6 * maps.abs()).all()
+        assert ((maps == 0) <= (got == 0)).all()  # 0 decodes to exactly 0
     assert records[1]["shape"][0] == 3  # Guided Backprop keeps its RGB channels (display reduce None)
+    assert all(set(r) == {"shape", "lo", "step", "z"} for r in records)  # deflated byte planes, nothing else
 
 
 def test_html_is_escaped(tmp_path, stores, data):
@@ -252,9 +282,9 @@ def test_output_folder(tmp_path, stores, data):
     hv.report(stores[0], out, data=data, overwrite=True, workers=1)
     assert (out / "notes.txt").read_text() == "keep me" and (out / "index.html").is_file()
     # a previous report is rebuilt without overwrite, its old files replaced
-    (out / "m" / "0" / "999.png").write_bytes(b"stale")
+    (out / "img" / "999.png").write_bytes(b"stale")
     hv.report(stores[:2], out, data=data, workers=1)
-    assert not (out / "m" / "0" / "999.png").exists() and (out / "m" / "1" / "0.png").is_file()
+    assert not (out / "img" / "999.png").exists() and (out / "img" / "0.png").is_file()
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is a file; pass a directory"):
         hv.report(stores[0], tmp_path / "file")
@@ -352,3 +382,52 @@ def test_cli_evaluate_report_computes_each_map_once(tmp_path, monkeypatch):
     assert differ == [Path(MARKER)]  # which holds the build time: all else is equal
     marks = [json.loads((tmp_path / run / MARKER).read_text()) for run in ("once", "twice")]
     assert marks[0].keys() == marks[1].keys() and all(marks[0][k] == marks[1][k] for k in marks[0] if k != "seconds")
+
+
+#: how far (in colour-map bins, 1/256) the 16-bit codes may move a normalised value in any display mode: a step of
+#: range / 65534 is 1/256 of a bin in minmax; seed mode divides by 10 std, which for sparse gradient maps is ~1/60 of
+#: the range, so a step there moves a value by a few hundredths of a bin (0.08 the largest here: printed with -s)
+EPS_BINS = 0.1
+
+
+@pytest.mark.parametrize("scale", ["sample", "shared"])
+def test_stored_maps_display_as_the_originals_in_every_mode(built, stores, scale):
+    """The map files keep 16-bit codes over each map's range; what the detail view shows from them (normalised in
+    every mode and sign, each map on its own or one scale over the item's maps, binned into a 256-entry colour map
+    or rounded to 8-bit RGB) is what the full-precision maps show: normalised values within EPS_BINS of a bin, so
+    the same colour-map bin except for a value that sits within that of a bin's edge, which may take the next one
+    (the display's own float rounding does as much); RGB within 1.
+    (That the page's normaliser is hookviz.display.normalize is test_report_browser's test.)"""
+    out, _ = built
+    text = (out / "maps" / "00000.js").read_text()
+    records = json.loads(text[text.index(",") + 1 : text.rindex(")")])
+    originals, stored = [], []
+    for j, path in enumerate(stores):
+        maps = hv.load_explanations(path)[:N].float()
+        if j == 2:  # saliency: displayed reduced with max-abs over its channels, as stored
+            maps = hv.display.reduce_channels(maps, "max-abs")
+        originals.append(maps)
+        stored.append(mapdata.decode(records[j]))
+    worst = 0.0
+    for mode in hv.display.NORMALIZATIONS:
+        for sign in hv.display.SIGNS:
+            for i in range(N):
+                a = [m[i : i + 1].flatten() for m in originals]
+                b = [m[i : i + 1].flatten() for m in stored]
+                if scale == "shared":  # the detail view pools the item's maps: one set of statistics
+                    want = [hv.display.normalize(torch.cat(a)[None], mode, sign=sign)[0]]
+                    got = [hv.display.normalize(torch.cat(b)[None], mode, sign=sign)[0]]
+                else:
+                    want = [hv.display.normalize(x[None], mode, sign=sign)[0] for x in a]
+                    got = [hv.display.normalize(x[None], mode, sign=sign)[0] for x in b]
+                for w, g in zip(want, got, strict=True):
+                    worst = max(worst, float((w - g).abs().max()) * 256)
+                    assert (w - g).abs().max() <= EPS_BINS / 256, (mode, sign, i)
+                    bins_w = (w * 256).floor().clamp(max=255)
+                    bins_g = (g * 256).floor().clamp(max=255)
+                    # a bin changes only for a value within EPS_BINS of a bin's edge, and then to the next bin
+                    edge = ((w * 256 - (w * 256).round()).abs() <= EPS_BINS) & (w > 0) & (w < 1)
+                    assert ((bins_w != bins_g) <= edge).all() and (bins_w - bins_g).abs().max() <= 1, (mode, sign, i)
+                    rgb_w, rgb_g = hv.display.to_uint8(w).int(), hv.display.to_uint8(g).int()
+                    assert (rgb_w - rgb_g).abs().max() <= 1, (mode, sign, i)
+    print(f"largest change of a normalised value: {worst:.4f} colour-map bins")

@@ -19,7 +19,7 @@ from .._present import presenter
 from ..display import EmptyMapWarning
 from ..metrics import Evaluation
 from . import mapdata, pages, thumbnails
-from .output import mark, prepare_out
+from .output import VERSION, mark, prepare_out
 from .scores import item_scores, metric_names, summary
 from .sources import Items, predict, recorded_model, resolve_items
 from .stores import Column, read_stores
@@ -155,7 +155,13 @@ def report(
         thumb=thumbnails.thumb_shape(*full),
         sanity=f"sanity{Path(sanity_figure).suffix.lower()}" if sanity_figure is not None else None,
     )
-    info = {"format": "hookviz-report", "complete": True, "items": n, "methods": [c.name for c in columns]}
+    info = {
+        "format": "hookviz-report",
+        "version": VERSION,
+        "complete": True,
+        "items": n,
+        "methods": [c.name for c in columns],
+    }
     mark(path, {**info, "seconds": round(time.perf_counter() - start, 3)})
     return path / "index.html"
 
@@ -173,8 +179,8 @@ def _write_images(path: Path, columns: list[Column], items: Items, workers: int)
     """Thumbnails and the detail view's map files, written by a pool of threads (torch and zlib release the GIL)."""
     full = thumbnails.image_size(items, columns)
     size = thumbnails.thumb_shape(*full)
-    folders = [f"m/{j}" for j in range(len(columns))]
-    for folder in ("img", "maps", *folders):
+    folders = [None if thumbnails.drawn_in_page(c, full, size) else f"m/{j}" for j, c in enumerate(columns)]
+    for folder in ("img", "maps", *(f for f in folders if f is not None)):
         (path / folder).mkdir(parents=True)
     if size != full:
         (path / "full").mkdir()

@@ -9,6 +9,9 @@ from pathlib import Path
 
 #: the file that marks a folder as a hookviz report (so a rebuild may replace it)
 MARKER = ".hookviz-report.json"
+#: the report's format: 2 draws the method thumbnails from deflated map files (1, unnumbered, stored them as PNG);
+#: a rebuild removes every file of either (`OWN`), so no folder mixes the two
+VERSION = 2
 #: everything a report writes, replaced on a rebuild; nothing else in the folder is touched
 OWN = ("index.html", "summary.html", "report.css", "report.js", "data", "img", "full", "maps", "m", "sanity.png")
 
@@ -35,7 +38,7 @@ def prepare_out(out: str | os.PathLike[str], overwrite: bool) -> Path:
         elif target.exists() or target.is_symlink():
             target.unlink()
     # marked first, so that a build killed halfway leaves a folder the next build recognises and replaces
-    mark(path, {"format": "hookviz-report", "complete": False})
+    mark(path, {"format": "hookviz-report", "version": VERSION, "complete": False})
     return path
 
 

@@ -16,10 +16,11 @@ import torch
 from torch import Tensor
 
 from .. import display as _display
+from ..display_options import resolve_options
 from .mapdata import BLOCK, detail_reduce
 from .sources import Items
 from .stores import Column
-from .thumbnails import SPRITE
+from .thumbnails import SPRITE, drawn_in_page
 
 #: colour maps offered in the detail view (plus each method's own)
 CMAPS = ("jet", "viridis", "inferno", "magma", "gray", "bwr", "coolwarm", "RdBu_r")
@@ -64,12 +65,16 @@ def site_data(
     for j, c in enumerate(columns):
         channels = int(c.maps[0:1].shape[1])
         reduce = detail_reduce(c, channels)
+        o = resolve_options(c.display, "report", {})
         methods.append(
             {
                 "name": c.name,
-                "folder": f"m/{j}",
+                # the thumbnails' sprite folder, or None where the page draws them from the maps
+                "folder": None if drawn_in_page(c, full, thumb) else f"m/{j}",
                 "channels": 1 if reduce is not None else channels,
                 "overlay": bool(c.display.get("overlay", True)),
+                "alpha": float(o["alpha"]),
+                "alphaByMap": bool(o["alpha_by_map"]),
                 "mode": c.display.get("mode") or "minmax",
                 "cmap": c.display.get("cmap") or "jet",
                 "sign": c.display.get("sign") or "all",

@@ -1,5 +1,12 @@
-"""Thumbnails: every item's image and, per method, its map drawn as `Explanation` draws it (the method's display
-defaults: overlaid on the image for the Grad-CAM family, beside it for gradients), written once as PNG files.
+"""Thumbnails: every item's image, written as PNG files, and per method its map drawn as `Explanation` draws it (the
+method's display defaults: overlaid on the image for the Grad-CAM family, beside it for gradients).
+
+A method's thumbnails are drawn by the page itself from the detail view's map files (``report.js``: the same
+normalisation, bilinear resize, colour map and overlay as `render`, which stays the reference the browser tests
+compare with), so they cost no file of their own. The exception, `drawn_in_page` False, keeps its PNG files: an
+overlay whose opacity follows the map (``alpha_by_map``) on images larger than a thumbnail (the page would need each
+full-size image to blend it) and a method that displays with one scale shared by a batch (the thumbnail would
+depend on which items were rendered together).
 
 The thumbnails of `SPRITE` consecutive items go side by side into one PNG (a sprite sheet, ``img/B.png`` and
 ``m/J/B.png`` for block B; the page shows one tile with CSS ``object-position``): one file and one PNG encode per 64
@@ -52,6 +59,14 @@ def _write_sheets(folder: Path, start: int, pixels: Tensor) -> None:
         (folder / f"{(start + a) // SPRITE}.png").write_bytes(_png(torch.cat(tiles.unbind(0), dim=-1)))
 
 
+def drawn_in_page(column: Column, full: tuple[int, int], size: tuple[int, int]) -> bool:
+    """Whether the page draws `column`'s thumbnails from its maps (else they are written as PNG files)."""
+    o = resolve_options(column.display, "report", {})
+    if o["scale"] != "sample":
+        return False
+    return not (o["overlay"] and o["alpha_by_map"] and tuple(full) != tuple(size))
+
+
 def render(column: Column, images: Tensor, start: int, stop: int) -> Tensor:
     """Rows [start, stop) of `column` as (n, 3, H, W) in [0, 1], over `images` (n, 3, H, W) when the method overlays."""
     maps = column.maps[start:stop].float()
@@ -71,14 +86,15 @@ def write_block(
     out: Path,
     columns: list[Column],
     items: Items,
-    folders: list[str],
+    folders: list[str | None],
     start: int,
     stop: int,
     full: tuple[int, int],
     size: tuple[int, int],
 ) -> None:
     """Thumbnails of rows [start, stop) (`start` a multiple of `SPRITE`): the image (``img/``), at full size too
-    (``full/``) when it is larger than a thumbnail, and each column's map (``folders[j]/``)."""
+    (``full/``) when it is larger than a thumbnail, and each column's map (``folders[j]/``) unless its folder is None
+    (the page draws those, `drawn_in_page`)."""
     if items.images is not None:
         images = items.images(start, stop).float()
     else:  # maps only: drawn on black
@@ -88,6 +104,8 @@ def write_block(
     if size != tuple(images.shape[-2:]):
         _write_all(out / "full", start, _display.to_uint8(images))
     for column, folder in zip(columns, folders, strict=True):
+        if folder is None:
+            continue
         pixels = _display.resize(render(column, images, start, stop), size)
         _write_sheets(out / folder, start, _display.to_uint8(pixels))
 

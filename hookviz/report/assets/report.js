@@ -103,7 +103,7 @@
   window.HV.normalizeMaps = normalizeMaps; // for tests: compared with hookviz.display.normalize
 
   // ------------------------------------------------------------------ the maps files (script tags: file:// safe)
-  const blocks = {}, waiting = {};
+  const blocks = {}, waiting = {}, decoded = {};
   window.HV.maps = function (block, records) { blocks[block] = records; (waiting[block] || []).forEach((f) => f()); delete waiting[block]; };
   function loadBlock(block) {
     return new Promise((resolve, reject) => {
@@ -116,13 +116,115 @@
       document.head.append(s);
     });
   }
+  // base64 of zlib data -> its bytes, inflated by the browser (no fetch: a Blob's stream, so file:// is fine)
+  async function inflate(b64) {
+    const text = atob(b64), bytes = new Uint8Array(text.length);
+    for (let q = 0; q < text.length; q++) bytes[q] = text.charCodeAt(q);
+    return new Uint8Array(await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"))).arrayBuffer());
+  }
+  // a block's records with their 16-bit codes decoded (hookviz.report.mapdata: high-byte plane, then low-byte plane)
+  function loadMaps(block) {
+    if (!decoded[block]) {
+      decoded[block] = loadBlock(block).then((records) => Promise.all(records.map(async (r) => {
+        const planes = await inflate(r.z), n = planes.length / 2, codes = new Uint16Array(n);
+        for (let q = 0; q < n; q++) codes[q] = (planes[q] << 8) | planes[n + q];
+        r.codes = codes;
+      })).then(() => records));
+      decoded[block].catch(() => { delete decoded[block]; });
+    }
+    return decoded[block];
+  }
   // raw values of item i's map from method j: Float64Array of C*h*w, with its shape
   function rawMap(records, j, i) {
     const r = records[j], [c, h, w] = r.shape, size = c * h * w, k = i % D.block;
-    if (!r.codes) { const b = atob(r.data); const u = new Uint8Array(b.length); for (let q = 0; q < b.length; q++) u[q] = b.charCodeAt(q); r.codes = new Uint16Array(u.buffer); }
-    const lo = r.lo[k], span = r.hi[k] - lo, out = new Float64Array(size);
-    for (let q = 0; q < size; q++) out[q] = lo + (r.codes[k * size + q] / 65535) * span;
+    const lo = r.lo[k], step = r.step[k], out = new Float64Array(size);
+    for (let q = 0; q < size; q++) out[q] = lo + r.codes[k * size + q] * step; // as hookviz.report.mapdata.decode
     return { values: out, shape: [c, h, w] };
+  }
+
+  // ------------------------------------------------------------------ method thumbnails, drawn from the maps
+  // What hookviz.report.thumbnails.render draws (Explanation.overlay / .heatmap with the method's display defaults,
+  // each map on its own scale), resized to the thumbnail as the Python side resizes it: drawn here instead of
+  // being stored as a PNG per method and item. Returns {rgb: 3 planes of 0..255 floats, alpha: null (opaque), a
+  // number, or a plane of opacities in [0, 1]} at the thumbnail's size.
+  function thumbLayer(m, raw) {
+    const [H, W] = D.full, [th, tw] = D.thumb;
+    let [c, h, w] = raw.shape, values = raw.values;
+    const size = h * w;
+    if (m.overlay && c === 3) { // Explanation.overlay reduces what is not one channel with max-abs
+      const out = new Float64Array(size);
+      for (let q = 0; q < size; q++) out[q] = Math.max(Math.abs(values[q]), Math.abs(values[size + q]), Math.abs(values[2 * size + q]));
+      values = out; c = 1;
+    }
+    const v = normalizeMaps([values], { mode: m.mode, sign: m.sign, scale: "sample", percentile: m.percentile })[0];
+    const planes = [];
+    for (let ch = 0; ch < c; ch++) planes.push(resize(v.subarray(ch * size, (ch + 1) * size), h, w, H, W));
+    let rgb = [new Float32Array(H * W), new Float32Array(H * W), new Float32Array(H * W)];
+    if (c === 3) for (let ch = 0; ch < 3; ch++) for (let q = 0; q < H * W; q++) rgb[ch][q] = planes[ch][q] * 255;
+    else {
+      const table = lut(m.cmap), p = planes[0];
+      for (let q = 0; q < H * W; q++) {
+        const idx = Math.min(255, Math.floor(Math.min(1, Math.max(0, p[q])) * 256));
+        for (let ch = 0; ch < 3; ch++) rgb[ch][q] = table[3 * idx + ch];
+      }
+    }
+    let alpha = null;
+    if (m.overlay && m.alphaByMap) { // hookviz.display.magnitude: |a| on a scale that starts at 0
+      const zero = m.mode === "absmax" || m.mode === "percentile" || m.mode === "mass";
+      const wv = normalizeMaps([applySign(values, m.sign)], { mode: zero ? m.mode : "percentile", sign: "absolute", scale: "sample", percentile: zero ? m.percentile : null })[0];
+      const big = resize(wv, h, w, H, W);
+      alpha = new Float32Array(H * W);
+      for (let q = 0; q < H * W; q++) alpha[q] = m.alpha * Math.min(1, Math.max(0, big[q]));
+    } else if (m.overlay) alpha = m.alpha;
+    if (th !== H || tw !== W) { // the thumbnail is the full-size drawing resized (alpha by map is not drawn here then)
+      rgb = rgb.map((p) => resize(p, H, W, th, tw));
+    }
+    return { rgb, alpha };
+  }
+  const sheets = {};
+  function sheet(s) { // the images' sprite sheet s, loaded once
+    if (!sheets[s]) sheets[s] = new Promise((resolve, reject) => {
+      const img = new Image();
+      img.onload = () => resolve(img);
+      img.onerror = () => reject(new Error("cannot load " + img.src));
+      img.src = "img/" + s + ".png";
+    });
+    return sheets[s];
+  }
+  async function drawThumb(canvas) {
+    const i = +canvas.dataset.item, j = +canvas.dataset.method, m = D.methods[j], [th, tw] = D.thumb;
+    const records = await loadMaps(Math.floor(i / D.block));
+    const { rgb, alpha } = thumbLayer(m, rawMap(records, j, i));
+    const px = new ImageData(tw, th);
+    for (let q = 0; q < th * tw; q++) {
+      for (let ch = 0; ch < 3; ch++) px.data[4 * q + ch] = Math.round(rgb[ch][q]);
+      px.data[4 * q + 3] = alpha === null ? 255 : Math.round((typeof alpha === "number" ? alpha : alpha[q]) * 255);
+    }
+    const ctx = canvas.getContext("2d");
+    if (alpha === null) ctx.putImageData(px, 0, 0);
+    else {
+      const img = await sheet(Math.floor(i / D.sprite));
+      const layer = el("canvas", { width: tw, height: th });
+      layer.getContext("2d").putImageData(px, 0, 0);
+      ctx.drawImage(img, (i % D.sprite) * tw, 0, tw, th, 0, 0, tw, th);
+      ctx.drawImage(layer, 0, 0); // canvas blending in 8 bits: within 1 of hookviz.display.overlay (tests)
+    }
+    canvas.dataset.drawn = "1";
+  }
+  // only thumbnails in (or near) view are drawn: a page of a large report loads the map files of its own rows only
+  const seen = "IntersectionObserver" in window ? new IntersectionObserver((entries) => {
+    for (const e of entries) if (e.isIntersecting) {
+      seen.unobserve(e.target);
+      drawThumb(e.target).catch((err) => { e.target.dataset.drawn = "error"; console.error(err); });
+    }
+  }, { rootMargin: "300px" }) : null;
+  function mapTile(j, i, label) {
+    const c = el("canvas", { width: D.thumb[1], height: D.thumb[0], className: "tile" });
+    c.dataset.item = i; c.dataset.method = j;
+    c.setAttribute("role", "img");
+    c.setAttribute("aria-label", label);
+    if (seen) seen.observe(c); else drawThumb(c);
+    return c;
   }
 
   // ------------------------------------------------------------------ state in the URL
@@ -208,7 +310,8 @@
       el("div", { className: ok === null ? "" : ok ? "right" : "wrong", textContent: "prediction: " + (known(D.preds) ? cls(D.preds[i]) : "—") + (known(D.probs) ? " (" + fmt(D.probs[i], 2) + ")" : "") + (ok === false ? " ✗" : ok ? " ✓" : "") }));
     tr.append(el("td", {}, img), info);
     D.methods.forEach((m, j) => {
-      const t = tile(m.folder, i, m.name + " map of " + D.names[i] + (m.targets && m.targets[i] >= 0 ? " for " + cls(m.targets[i]) : ""));
+      const label = m.name + " map of " + D.names[i] + (m.targets && m.targets[i] >= 0 ? " for " + cls(m.targets[i]) : "");
+      const t = m.folder ? tile(m.folder, i, label) : mapTile(j, i, label);
       tr.append(el("td", {}, t, metricText(m, i)));
     });
     tr.addEventListener("click", () => openDetail(i));
@@ -321,7 +424,7 @@
     if (D.files) info.append(el("a", { href: D.files[i], textContent: "source file" }));
     else info.append(D.source);
     $("detail-title").focus();
-    const records = await loadBlock(Math.floor(i / D.block));
+    const records = await loadMaps(Math.floor(i / D.block));
     if (current !== i) return;
     drawDetail(i, records);
   }
@@ -374,7 +477,10 @@
     $("detail-maps").replaceChildren(...figs);
     $("detail-maps").dataset.drawn = String(i);
   }
-  function redraw() { if (current !== null && blocks[Math.floor(current / D.block)]) drawDetail(current, blocks[Math.floor(current / D.block)]); }
+  function redraw() {
+    const i = current;
+    if (i !== null) loadMaps(Math.floor(i / D.block)).then((records) => { if (current === i) drawDetail(i, records); });
+  }
 
   function start() {
     for (const name of Object.keys(D.luts)) $("d-cmap").append(el("option", { value: name, textContent: name }));
