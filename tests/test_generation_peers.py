@@ -5,9 +5,6 @@ inseq needs typeguard <= 2.13.3, which hookviz's environment does not pin, so it
 as a subprocess (``benchmarks/bench_generation.py --dump``): ``$HOOKVIZ_INSEQ_PYTHON``, else ``../venv-inseq`` or
 ``.venv-inseq`` next to the repository (how to make it: the docstring of benchmarks/bench_generation.py). Without it
 the inseq comparisons skip and say so; captum's and the hand-written floor's run in this environment.
-
-The comparisons with hookviz need ``hv.explain_generation`` (issue 26, branch ``gen``): until it is merged they skip
-with that message; after the merge they must pass.
 """
 
 from __future__ import annotations
@@ -28,10 +25,6 @@ BENCH = ROOT / "benchmarks" / "bench_generation.py"
 # both sides float32 with the same operations in other orders (observed: 2e-7 of the largest entry); 1e-4 is the
 # issue's bound for "equal to inseq"
 RTOL = 1e-4
-NEEDS_API = pytest.mark.skipif(
-    not hasattr(hv, "explain_generation"),
-    reason="needs hv.explain_generation (issue 26, branch gen): not merged yet; run after merging",
-)
 
 
 def _inseq_python() -> Path | None:
@@ -119,7 +112,6 @@ def _hookviz(work, method: str, **kwargs) -> np.ndarray:
     return exp.scores[0].detach().double().numpy()
 
 
-@NEEDS_API
 @pytest.mark.parametrize(
     ("method", "key", "kwargs"),
     [
@@ -138,7 +130,6 @@ def test_hookviz_equals_inseq(peers, work, method, key, kwargs) -> None:
     assert _rel(ours, theirs[:, : ours.shape[1]]) < RTOL
 
 
-@NEEDS_API
 def test_hookviz_equals_captum(peers, work) -> None:
     n_prompt = int(peers["n_prompt"])
     ours = _hookviz(work, "input-x-gradient")

@@ -12,8 +12,6 @@ import hookviz as hv
 from hookviz import zoo
 from hookviz.zoo import retrieval_eval as ev
 
-HAS_API = hasattr(hv, "explain_generation")
-
 
 def _explanation(
     data: zoo.Retrieval, pick, *, bos: bool = False, eos: bool = False, all_generated: bool = False
@@ -114,16 +112,6 @@ def test_evaluate_and_the_table_with_an_api_by_hand(monkeypatch, tmp_path, capsy
         ev.evaluate_retrieval(["lime"], n=2)
 
 
-@pytest.mark.skipif(HAS_API, reason="hv.explain_generation exists: the message for its absence is not reachable")
-def test_without_the_api_it_says_what_it_needs(capsys) -> None:
-    with pytest.raises(RuntimeError, match="needs hv.explain_generation"):
-        ev.evaluate_retrieval(n=2)
-    with pytest.raises(SystemExit) as exc:
-        ev.main(["--n", "2"])
-    assert exc.value.code == 2 and "needs hv.explain_generation" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(not HAS_API, reason="needs hv.explain_generation (issue 26, branch gen): not merged yet")
 def test_the_real_api_on_a_few_prompts() -> None:
     rows = ev.evaluate_retrieval(["input-x-gradient", "occlusion"], n=8)
     pairs = zoo.retrieval(8, seed=ev.EVAL_SEED).pairs.tolist()

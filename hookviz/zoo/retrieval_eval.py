@@ -124,10 +124,6 @@ def evaluate_retrieval(
     """For each method, how often ``hv.explain_generation`` puts the top score of the retrieval model's answer on the
     evidence, over `n` fresh prompts of seed `seed` (see `RetrievalScore`). `model` and `tokenizer` default to the
     zoo's trained `retrieval_lm()`."""
-    if not hasattr(hv, "explain_generation"):
-        raise RuntimeError(
-            "needs hv.explain_generation (issue 26's API, branch gen), which this hookviz does not have yet"
-        )
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"methods must be among {', '.join(METHODS)}, got {unknown}")
@@ -184,10 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.n < 1:
         p.error(f"--n must be at least 1, got {args.n}")
-    try:
-        rows = evaluate_retrieval(args.methods, n=args.n, batch_size=args.batch_size)
-    except RuntimeError as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
+    rows = evaluate_retrieval(args.methods, n=args.n, batch_size=args.batch_size)
     table = markdown(rows, retrieval_accuracy(retrieval_lm()[0], retrieval(args.n, seed=EVAL_SEED)))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -95,20 +95,36 @@ def _share(t: Tensor, w: float) -> Tensor:
 
 class _IdentityRuleFn(torch.autograd.Function):
     """Output: an elementwise op's output y; backward: ``g y / x`` (relevance passes unchanged: R_x = x g_x = y g_y;
-    zero where x is 0, whose relevance is 0 either way)."""
+    zero where x is 0, whose relevance is 0 either way). Only x is kept: y is computed again from it in the backward
+    pass (`again`), as the floor keeps only an activation's input (a frozen linear layer after it keeps nothing)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor]) -> Tensor:
+    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], again: Callable[[Tensor], Tensor] | None) -> Tensor:
         y = ybox[0]
-        ctx.save_for_backward(x, y)
+        ctx.again = again
+        ctx.save_for_backward(x) if again is not None else ctx.save_for_backward(x, y)
         return y
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
-        x, y = ctx.saved_tensors
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
+        if ctx.again is not None:
+            (x,) = ctx.saved_tensors
+            with torch.no_grad():
+                y = ctx.again(x)
+        else:
+            x, y = ctx.saved_tensors
         ratio = y / x
-        return g * ratio.masked_fill_(x == 0, 0), None
+        return g * ratio.masked_fill_(x == 0, 0), None, None
+
+
+def _again_module(module: nn.Module) -> Callable[[Tensor], Tensor] | None:
+    """How to compute a module activation's output again from its input (None in training mode: random draws,
+    running statistics; y is then kept)."""
+    if module.training or not callable(getattr(module, "forward", None)):  # RReLU, BatchNorm updating its stats
+        return None
+    inplace = bool(getattr(module, "inplace", False))
+    return lambda x: module.forward(x.clone() if inplace else x)  # forward, not __call__: no hooks
 
 
 class _NormFn(torch.autograd.Function):
@@ -179,7 +195,8 @@ class GradientFormRun:
                 return None
             if out.shape != x.shape:
                 return None
-            return self._gate(_IdentityRuleFn.apply(x, (out,)))
+            assert isinstance(call.op, nn.Module)
+            return self._gate(_IdentityRuleFn.apply(x, (out,), _again_module(call.op)))
 
         def owned(name: str, fn: Callable[[Call], Any]) -> EngineRule:
             return EngineRule(name, fn, owns_call=True)
@@ -357,7 +374,12 @@ class GradientFormRun:
         if not self.reach.depends(x):
             return NotImplemented
         out = call.op(*call.args, **call.kwargs)
-        return self._gate(_IdentityRuleFn.apply(x, (out,)))
+        op, args, kwargs = call.op, call.args, call.kwargs
+
+        def again(t: Tensor) -> Tensor:
+            return op(t, *args[1:], **kwargs) if args else op(**{**kwargs, "input": t})
+
+        return self._gate(_IdentityRuleFn.apply(x, (out,), again))
 
     # -- the pass -------------------------------------------------------------------------------------------------
     @contextmanager
