@@ -6,7 +6,8 @@ q kᵀ by the product rule, the softmax rule, attention · v by the product rule
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,11 +89,23 @@ def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
     return out
 
 
-def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
-    a = bind_mha(args, kwargs)
+class MHAHeads(NamedTuple):
+    """``F.multi_head_attention_forward``'s call split into heads: q (N, h, L, d), k and v (N, h, S, d) after the input
+    projections (and any add_bias_kv / add_zero_attn keys), one additive mask (N, h, L, S) or None, whether causal."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    causal: bool
+    unbatched: bool
+    shape: tuple[int, int, int]  # (L, N, E) of the query
+
+
+def mha_heads(a: dict[str, Any], project: Callable[[Tensor, Tensor, Tensor | None, str], Tensor]) -> MHAHeads:
+    """The bound call `a` (`bind_mha`) as PyTorch computes it up to the attention: `project(t, w, b, "q"|"k"|"v")`
+    applies the input projections (the rules' linear layer, or plain ``F.linear``). `TypeError` for static_k / v."""
     query, key, value = a["query"], a["key"], a["value"]
-    if not any(ops.depends(t) for t in (query, key, value)):
-        return NOT_HANDLED
     if a["static_k"] is not None or a["static_v"] is not None:
         raise TypeError("LRP: F.multi_head_attention_forward with static_k / static_v is not supported")
     unbatched = query.dim() == 2
@@ -107,9 +120,7 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
     else:
         ws = tuple(a["in_proj_weight"].chunk(3))
     bs = (None, None, None) if a["in_proj_bias"] is None else tuple(a["in_proj_bias"].chunk(3))
-    where = ops._where("multi_head_attention")
-    inputs = zip((query, key, value), ws, bs, "qkv", strict=True)
-    q, k, v = (ops.linear(t, w, b, f"{where} in_proj {c}") for t, w, b, c in inputs)
+    q, k, v = (project(t, w, b, c) for t, w, b, c in zip((query, key, value), ws, bs, "qkv", strict=True))
     attn_mask, padding = a["attn_mask"], a["key_padding_mask"]
     if a["bias_k"] is not None and a["bias_v"] is not None:  # add_bias_kv: one more key and value, constants
         k = torch.cat([k, a["bias_k"].repeat(1, n, 1)])
@@ -124,6 +135,17 @@ def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
         attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
     mask = _mha_mask(attn_mask, padding, n, h, n_q, n_k, q.dtype, q.device)
     causal = bool(a["is_causal"]) and attn_mask is None
+    return MHAHeads(q, k, v, mask, causal, unbatched, (n_q, n, e))
+
+
+def mha(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
+    a = bind_mha(args, kwargs)
+    if not any(ops.depends(a[t]) for t in ("query", "key", "value")):
+        return NOT_HANDLED
+    where = ops._where("multi_head_attention")
+    heads = mha_heads(a, lambda t, w, b, c: ops.linear(t, w, b, f"{where} in_proj {c}"))
+    q, k, v, mask, causal, unbatched = heads.q, heads.k, heads.v, heads.mask, heads.causal, heads.unbatched
+    n_q, n, e = heads.shape
     dropout = a["dropout_p"] if a["training"] else 0.0
     o, p = attend(ops, where, q, k, v, mask, dropout, causal, None, False, bool(a["need_weights"]))
     o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)

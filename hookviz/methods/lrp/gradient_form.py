@@ -28,7 +28,7 @@ from ...hooks import HookManager
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
-from .attention import MHA, SDPA, _mha_mask, _pad_key
+from .attention import MHA, SDPA, mha_heads
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import NormMap, norm_map
 from .reach import InputReach
@@ -301,37 +301,12 @@ class GradientFormRun:
         """``F.multi_head_attention_forward`` written out (projections, then sdpa with the shares), as PyTorch
         computes it: masks, key padding, add_bias_kv, add_zero_attn."""
         a = bind_mha(call.args, call.kwargs)
-        query, key, value = a["query"], a["key"], a["value"]
-        if not any(self.reach.depends(t) for t in (query, key, value)):
+        if not any(self.reach.depends(a[t]) for t in ("query", "key", "value")):
             return NotImplemented
-        if a["static_k"] is not None or a["static_v"] is not None:
-            raise TypeError("LRP: F.multi_head_attention_forward with static_k / static_v is not supported")
-        unbatched = query.dim() == 2
-        if unbatched:
-            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-        n_q, n, e = query.shape
-        n_k, h = key.shape[0], a["num_heads"]
+        heads = mha_heads(a, lambda t, w, b, c: F.linear(t, w, b))
+        q, k, v, mask, causal, unbatched = heads.q, heads.k, heads.v, heads.mask, heads.causal, heads.unbatched
+        (n_q, n, e), n_k, h = heads.shape, k.shape[-2], a["num_heads"]
         d = e // h
-        if a["use_separate_proj_weight"]:
-            ws = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
-        else:
-            ws = tuple(a["in_proj_weight"].chunk(3))
-        bs = (None, None, None) if a["in_proj_bias"] is None else tuple(a["in_proj_bias"].chunk(3))
-        q, k, v = (F.linear(t, w, b) for t, w, b in zip((query, key, value), ws, bs, strict=True))
-        attn_mask, padding = a["attn_mask"], a["key_padding_mask"]
-        if a["bias_k"] is not None and a["bias_v"] is not None:
-            k = torch.cat([k, a["bias_k"].repeat(1, n, 1)])
-            v = torch.cat([v, a["bias_v"].repeat(1, n, 1)])
-            attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
-        q = q.reshape(n_q, n, h, d).permute(1, 2, 0, 3)
-        k = k.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
-        v = v.reshape(n_k, n, h, d).permute(1, 2, 0, 3)
-        if a["add_zero_attn"]:
-            zero = torch.zeros(n, h, 1, d, dtype=k.dtype, device=k.device)
-            k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2)
-            attn_mask, padding, n_k = _pad_key(attn_mask), _pad_key(padding), n_k + 1
-        mask = _mha_mask(attn_mask, padding, n, h, n_q, n_k, q.dtype, q.device)
-        causal = bool(a["is_causal"]) and attn_mask is None
         dropout = a["dropout_p"] if a["training"] else 0.0
         qs, ks, vs = self._qkv(q, k, v)
         o = SDPA(qs, ks, vs, attn_mask=mask, dropout_p=dropout, is_causal=causal)
@@ -344,7 +319,7 @@ class GradientFormRun:
                 if mask is not None:
                     s = s + mask
                 elif causal:
-                    s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), float("-inf"))
+                    s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
                 p = s.softmax(-1)
             weights = p.mean(1) if a["average_attn_weights"] else p
             weights = weights.squeeze(0) if unbatched else weights

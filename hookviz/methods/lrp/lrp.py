@@ -152,9 +152,12 @@ class LRP(Attribution):
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        if self._gradient_form:
-            return self._run_gradient_form(x, target, hooks, **kwargs)
-        run = LRPRun(self.model, self.composite, hooks, self.canonize)
+        # zero stabilizers: one plain backward pass in gradient-times-input form (`gradient_form`)
+        run = (
+            GradientFormRun(self.model, self.composite, hooks)
+            if self._gradient_form
+            else LRPRun(self.model, self.composite, hooks, self.canonize)
+        )
         fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
         try:
             with run.forward_pass():
@@ -169,37 +172,18 @@ class LRP(Attribution):
             self.rule_coverage = run.coverage
         targets = resolve_targets(target, output, x.shape[0])
         scores = targets.scores
-        # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it.
         # K targets run K backward passes: the rules' custom backward functions do not batch under vmap.
-        (relevance,) = batched_grad(scores * scores.detach(), [leaf], strategy="loop")
+        if isinstance(run, GradientFormRun):
+            # a gradient of 1 at the score is relevance f_c(x) over activation f_c(x); relevance = input x gradient
+            (grad,) = batched_grad(scores, [leaf], strategy="loop")
+            relevance = leaf.detach().unsqueeze(1) * grad
+        else:
+            # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it
+            (relevance,) = batched_grad(scores * scores.detach(), [leaf], strategy="loop")
         start = scores.detach().sum(1)
         total = relevance.detach().flatten(2).sum(2).sum(1)
-        self.audit = RelevanceAudit(start=start, total=total, entries=list(run.entries))
-        return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
-
-    def _run_gradient_form(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        """The transformer composite with zero stabilizers as one plain backward pass (`gradient_form`): the
-        relevance is the input times its gradient, started at f_c(x) (a gradient of 1 at the score)."""
-        run = GradientFormRun(self.model, self.composite, hooks)
-        fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
-        try:
-            with run.forward_pass():
-                if self._tap is None:
-                    leaf = x.detach().requires_grad_(True)
-                    output = fwd(self.model, (leaf,))
-                else:
-                    with self._tap.capture() as taken:
-                        output = fwd(self.model, (x.detach(),))
-                    leaf = self._tap.one(taken)
-        finally:
-            self.rule_coverage = run.coverage
-        targets = resolve_targets(target, output, x.shape[0])
-        scores = targets.scores
-        (grad,) = batched_grad(scores, [leaf], strategy="loop")
-        relevance = leaf.detach().unsqueeze(1) * grad
-        start = scores.detach().sum(1)
-        total = relevance.detach().flatten(2).sum(2).sum(1)
-        self.audit = RelevanceAudit(start=start, total=total, entries=[])
+        entries = list(run.entries) if isinstance(run, LRPRun) else []  # the gradient form has no per-rule sums
+        self.audit = RelevanceAudit(start=start, total=total, entries=entries)
         return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
 
 
