@@ -7,6 +7,8 @@ import importlib
 import pytest
 from refs import REFERENCE_LIBRARIES, required
 
+from hookviz.zoo import shapes_image
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not required():
@@ -22,3 +24,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"HOOKVIZ_REQUIRE_REFS=1 but reference libraries of the dev extra are missing: {', '.join(missing)}; "
             "install them with pip install -e '.[dev]'"
         )
+
+
+# the CLI tests' two image files and spy on grid (tests/test_cli.py, tests/test_cli_models.py)
+@pytest.fixture
+def images(tmp_path) -> list[str]:
+    """Two small local image files (png and jpg) written by the test."""
+    a, b = tmp_path / "a.png", tmp_path / "b.jpg"
+    shapes_image(72, seed=1).save(a)
+    shapes_image(72, seed=2).save(b)
+    return [str(a), str(b)]
+
+
+@pytest.fixture
+def grids(monkeypatch) -> list:
+    """Every figure `hookviz explain` draws, with the arguments it passed to grid."""
+    import hookviz.figures as figures
+
+    drawn = []
+    real = figures.grid
+
+    def spy(*args, **kwargs):
+        fig = real(*args, **kwargs)
+        drawn.append((fig, kwargs))
+        return fig
+
+    monkeypatch.setattr(figures, "grid", spy)
+    return drawn

@@ -79,32 +79,6 @@ def test_shapes_image_is_deterministic_and_drawn() -> None:
 # ---------------------------------------------------------------------------------------------------- explain
 
 
-@pytest.fixture
-def images(tmp_path) -> list[str]:
-    """Two small local image files (png and jpg) written by the test."""
-    a, b = tmp_path / "a.png", tmp_path / "b.jpg"
-    shapes_image(72, seed=1).save(a)
-    shapes_image(72, seed=2).save(b)
-    return [str(a), str(b)]
-
-
-@pytest.fixture
-def grids(monkeypatch) -> list:
-    """Every figure `hookviz explain` draws, with the arguments it passed to grid."""
-    import hookviz.figures as figures
-
-    drawn = []
-    real = figures.grid
-
-    def spy(*args, **kwargs):
-        fig = real(*args, **kwargs)
-        drawn.append((fig, kwargs))
-        return fig
-
-    monkeypatch.setattr(figures, "grid", spy)
-    return drawn
-
-
 def small_cnn(classes: int = 5) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(

@@ -16,31 +16,6 @@ from hookviz.zoo import CLASSES, shapes_image
 
 
 @pytest.fixture
-def images(tmp_path) -> list[str]:
-    a, b = tmp_path / "a.png", tmp_path / "b.png"
-    shapes_image(72, seed=1).save(a)
-    shapes_image(72, seed=2).save(b)
-    return [str(a), str(b)]
-
-
-@pytest.fixture
-def grids(monkeypatch) -> list:
-    """Every figure `hookviz explain` draws, with the arguments it passed to grid."""
-    import hookviz.figures as figures
-
-    drawn = []
-    real = figures.grid
-
-    def spy(*args, **kwargs):
-        fig = real(*args, **kwargs)
-        drawn.append((fig, kwargs))
-        return fig
-
-    monkeypatch.setattr(figures, "grid", spy)
-    return drawn
-
-
-@pytest.fixture
 def offline(tmp_path, monkeypatch) -> list[str]:
     """No network: empty caches, and torch.hub's and the Hugging Face hub's downloads raise what they raise without
     one. Returns the URLs that were asked for."""
