@@ -319,6 +319,20 @@ def test_contrast_explains_the_probability_difference(tok) -> None:
     assert close(exp.scores[0], want)
 
 
+@pytest.mark.parametrize("method", ["attn-lrp", "cp-lrp"])
+def test_contrast_of_relevance_is_the_difference_of_relevances(tok, method: str) -> None:
+    """LRP of score(target) - score(contrast) is the target's relevance minus the contrast's (LRP-0 through the
+    difference): each relevance starts at its own logit, not at +/- the difference."""
+    m = gpt2()
+    # one step: the contrast token is scored over the same prefix as the target's (later steps: the target's prefix)
+    both = hv.explain_generation(m, tok, "w1 w2 w3", method=method, target="w4", contrast="w8", score="logit")
+    one = hv.explain_generation(m, tok, "w1 w2 w3", method=method, target="w4", score="logit")
+    other = hv.explain_generation(m, tok, "w1 w2 w3", method=method, target="w8", score="logit")
+    # the same relevance passes on the same numbers, subtracted: float32 rounding of one subtraction
+    torch.testing.assert_close(both.scores[0], one.scores[0] - other.scores[0], rtol=0, atol=1e-6)
+    assert float((one.scores[0] - other.scores[0]).abs().max()) > 0
+
+
 def test_special_tokens_are_left_out_unless_asked() -> None:
     tok = make_tokenizer(bos=True)
     m = llama()

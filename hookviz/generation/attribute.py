@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ class MethodSpec:
     build: Callable[..., Attribution] | None  # (model, embedding, baseline id, rows, **method_kwargs); None: occlusion
     options: tuple[str, ...]  # method_kwargs it takes
     rollout: bool = False  # gives (n, K, T) token scores itself, reading the row of each step's position (token=)
+    relevance: bool = False  # LRP: a contrast is the difference of two relevances, not the relevance of a difference
 
 
 def _ig(model: Any, emb: Any, baseline: int, rows: int, **kw: Any) -> Attribution:
@@ -58,8 +60,8 @@ METHODS: dict[str, MethodSpec] = {
     "saliency": MethodSpec(lambda m, e, b, r, **kw: Saliency(m, layer=e, **kw), ("backward",)),
     "input-x-gradient": MethodSpec(lambda m, e, b, r, **kw: InputXGradient(m, layer=e, **kw), ("backward",)),
     "integrated-gradients": MethodSpec(_ig, ("steps", "method", "baseline", "backward")),
-    "attn-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "attn-lrp", layer=e, **kw), ("epsilon",)),
-    "cp-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "cp-lrp", layer=e, **kw), ("epsilon",)),
+    "attn-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "attn-lrp", layer=e, **kw), ("epsilon",), relevance=True),
+    "cp-lrp": MethodSpec(lambda m, e, b, r, **kw: LRP(m, "cp-lrp", layer=e, **kw), ("epsilon",), relevance=True),
     "attention-rollout": MethodSpec(
         lambda m, e, b, r, **kw: AttentionRollout(m, **kw), ("head_fusion", "discard_ratio"), rollout=True
     ),
@@ -103,6 +105,13 @@ def attribute_steps(
     method_kwargs: dict[str, Any],
 ) -> tuple[Tensor, Tensor]:
     """(n, K, T) token scores of every step, and the (n, K, V) step logits of the clean forward pass."""
+    if spec.relevance and steps.contrast is not None:
+        # LRP of a difference of two outputs is the difference of their relevances (LRP-0 through the difference
+        # neuron): seeding the difference itself would start relevance +d and -d at the two logits instead
+        run = partial(attribute_steps, lm, spec, ids, mask, kind=kind, baseline=baseline, method_kwargs=method_kwargs)
+        wanted, logits = run(Steps(steps.pos, steps.token, None, steps.valid))
+        against, _ = run(Steps(steps.pos, steps.contrast, None, steps.valid))
+        return wanted - against, logits
     if spec.build is None:
         rest = {k: v for k, v in method_kwargs.items() if k != "baseline"}  # `baseline` holds it already
         return occlusion(lm, ids, mask, steps, kind=kind, baseline=baseline, **rest)
