@@ -121,27 +121,21 @@ def explain_generation(
     rows = getattr(lm.embedding, "num_embeddings", None)
     specials = special_ids(tokenizer)
     pad, eos = pad_id(tokenizer), eos_ids(tokenizer)
-    encoded = [
-        encode_prompt(tokenizer, p, chat_template=chat_template, where=f"prompts[{i}]")
-        for i, p in enumerate(prompt_list)
-    ]
-    for i, ids in enumerate(encoded):
-        if not ids:
-            raise ValueError(f"prompts[{i}] ({prompt_list[i]!r}) tokenizes to nothing; give some text")
+    encoded = _nonempty(
+        "prompts", prompt_list, [encode_prompt(tokenizer, p, chat_template=chat_template, where=f"prompts[{i}]")
+                                 for i, p in enumerate(prompt_list)], "; give some text"
+    )  # fmt: skip
     forced = None
     if targets is not None:
-        forced = [encode(tokenizer, t, special=False, where=f"target[{i}]") for i, t in enumerate(targets)]
-        for i, ids in enumerate(forced):
-            if not ids:
-                raise ValueError(f"target[{i}] ({targets[i]!r}) tokenizes to nothing; give the text to explain")
+        ids = [encode(tokenizer, t, special=False, where=f"target[{i}]") for i, t in enumerate(targets)]
+        forced = _nonempty("target", targets, ids, "; give the text to explain")
     contrast_ids = None
     if contrasts is not None:
-        contrast_ids = [encode(tokenizer, c, special=False, where=f"contrast[{i}]") for i, c in enumerate(contrasts)]
-        for i, ids in enumerate(contrast_ids):
-            if not ids:
-                raise ValueError(f"contrast[{i}] ({contrasts[i]!r}) tokenizes to nothing")
-            if forced is not None and len(ids) != len(forced[i]):
-                raise ValueError(_contrast_length(i, len(ids), len(forced[i])))
+        ids = [encode(tokenizer, c, special=False, where=f"contrast[{i}]") for i, c in enumerate(contrasts)]
+        contrast_ids = _nonempty("contrast", contrasts, ids, "")
+        for i, c in enumerate(contrast_ids):
+            if forced is not None and len(c) != len(forced[i]):
+                raise ValueError(_contrast_length(i, len(c), len(forced[i])))
     baseline = _baseline_id(tokenizer, pad)
     options_baseline = options.get("baseline", baseline)
     if isinstance(options_baseline, bool) or not isinstance(options_baseline, int) or options_baseline < 0:
@@ -239,6 +233,14 @@ def _step_score_names(step_scores: object) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"step_scores: unknown {bad}; choose from {', '.join(STEP_SCORES)}")
     return tuple(dict.fromkeys(step_scores))
+
+
+def _nonempty(name: str, texts: Sequence[str], encoded: list[list[int]], hint: str) -> list[list[int]]:
+    """`encoded` (the token ids of each of `texts`), `ValueError` naming the first text that tokenizes to nothing."""
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise ValueError(f"{name}[{i}] ({texts[i]!r}) tokenizes to nothing{hint}")
+    return encoded
 
 
 def _score_kind(score: object, contrastive: bool) -> str:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from .model import _load_weights
 from .retrieval import BOS_ID, EOS_ID, PAD_ID, VOCAB, Retrieval
 from .tokenizer import RetrievalTokenizer
-from .vit import Mlp
+from .vit import Attention, Mlp
 
 LM_WEIGHTS_FILE = Path(__file__).resolve().parent / "retrieval_lm.safetensors"
 LM_WEIGHTS_SHA256 = "cb47ad3e3d13bc9ecbdf90c130d7147bcb076deef8b03e9a0e7bdce905813c71"
@@ -46,7 +46,7 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class CausalAttention(nn.Module):
+class CausalAttention(Attention):
     """Causal multi-head self-attention with rotary position embeddings and one fused
     ``F.scaled_dot_product_attention`` call.
 
@@ -58,12 +58,7 @@ class CausalAttention(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        if dim % heads:
-            raise ValueError(f"dim must be a multiple of heads, got dim={dim}, heads={heads}")
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        super().__init__(dim, heads)  # qkv and proj as the ViT's attention
         # per head, the weights of a key and of the key of the token before it in the smeared key (0.5 each at the
         # start; two free weights, not Olsson et al.'s sigmoid gate s, 1 - s: the relevance rules cover a product
         # and a sum, not the subtraction of a gate from 1)
