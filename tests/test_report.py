@@ -379,7 +379,8 @@ def test_cli_evaluate_report_computes_each_map_once(tmp_path, monkeypatch):
     twice = sorted(p.relative_to(tmp_path / "twice") for p in (tmp_path / "twice").rglob("*") if p.is_file())
     assert once == twice and len(once) > 5
     differ = [p for p in once if (tmp_path / "once" / p).read_bytes() != (tmp_path / "twice" / p).read_bytes()]
-    assert differ == [Path(MARKER)]  # which holds the build time: all else is equal
+    # only the marker may differ, which holds the build time (equal when both builds round to the same seconds)
+    assert set(differ) <= {Path(MARKER)}
     marks = [json.loads((tmp_path / run / MARKER).read_text()) for run in ("once", "twice")]
     assert marks[0].keys() == marks[1].keys() and all(marks[0][k] == marks[1][k] for k in marks[0] if k != "seconds")
 
