@@ -53,13 +53,13 @@ def grids(monkeypatch) -> list:
     return drawn
 
 
-# the reports' browser tests (tests/chromium.py, which skips them without Playwright or Chromium): one Playwright per
-# module (a second one refuses to start inside the first), and its headless Chromium
+# the reports' browser tests (tests/chromium.py: they skip themselves without Playwright or Chromium): one Playwright
+# per module (a second one refuses to start inside the first), and its headless Chromium
 @pytest.fixture(scope="module")
 def playwright():
-    from chromium import sync_api
+    from playwright.sync_api import sync_playwright
 
-    with sync_api.sync_playwright() as p:
+    with sync_playwright() as p:
         yield p
 
 

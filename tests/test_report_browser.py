@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from chromium import CHROMIUM, FLAGS
+from chromium import CHROMIUM, FLAGS, require
 
 import hookviz as hv
 from hookviz.display_options import resolve_options
 from hookviz.zoo import ShapesDataset, shapes_model
+
+require()  # skips this module without Playwright or Chromium
 
 N = 64
 # the grid drawn with its first three rows' images decoded and their method thumbnails drawn

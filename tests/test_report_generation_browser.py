@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from chromium import CHROMIUM  # noqa: F401 (skips this module without Chromium or Playwright)
+from chromium import require
 from test_report_generation import handmade, script_data
 
 import hookviz as hv
@@ -19,6 +19,8 @@ from hookviz.generation.explanation import finite_max
 from hookviz.text import token_colour
 from hookviz.zoo import retrieval_lm
 from hookviz.zoo.retrieval import retrieval
+
+require()  # skips this module without Playwright or Chromium
 
 N = 60  # two pages of 50 rows; four blocks of 16 prompts
 METHODS = ("input-x-gradient", "attn-lrp")
