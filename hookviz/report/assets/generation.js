@@ -190,42 +190,62 @@
     e.title = shown(u.src[c]) + " → " + shown(u.gen[g]) + ": " + (u.exact ? exact(row[c], u.exact === "f4") : signed(row[c], row[c].toPrecision(6)));
     return e;
   }
+  // the source up to generated token g coloured by its row, then the token itself, outlined
+  function tokenLine(u, g, scale) {
+    const row = u.rows[g], line = el("div", { className: "gen-line" });
+    for (let c = 0; c < u.p + g; c++) line.append(scored("span", u, row, c, g, scale(row)));
+    line.append(el("span", { className: "gen-target", textContent: shown(u.gen[g]), title: stepTitle(u, g) }));
+    if (u.contrast) line.append(" vs ", el("b", { textContent: shown(u.contrast[g]) }));
+    return line;
+  }
   function methodView(j, u, g) {
-    const m = D.methods[j], big = finiteMax(u.rows.flatMap((r) => Array.from(r)));
-    const scaleOf = (r) => (state.scale === "prompt" ? big : finiteMax(r));
+    const m = D.methods[j], big = finiteMax((function* () { for (const r of u.rows) yield* r; })()); // the matrix's
+    const scale = (r) => (state.scale === "prompt" ? big : finiteMax(r));
     const section = el("section", { className: "gen-method" });
     section.dataset.method = j;
     section.append(el("h3", { textContent: m.name + (m.method !== m.name ? " (" + m.method + ")" : "") }),
       el("p", { className: "muted", textContent: "explains the " + m.score + " of each generated " + (state.agg === "words" ? "word" : "token") + (m.contrast ? " against its contrast" : "") + "; red: for it, blue: against; " + (state.scale === "prompt" ? "one scale for the prompt (largest |score| " + big.toPrecision(4) + ")" : "each generated token on its own scale") }));
-    if (!u.gen.length) { section.append(el("p", { textContent: "nothing generated (or only special tokens)" })); return section; }
-    const row = u.rows[g], line = el("div", { className: "gen-line" });
-    for (let c = 0; c < u.p + g; c++) line.append(scored("span", u, row, c, g, scaleOf(row)));
-    line.append(el("span", { className: "gen-target", textContent: shown(u.gen[g]), title: stepTitle(u, g) }));
-    if (u.contrast) line.append(" vs ", el("b", { textContent: shown(u.contrast[g]) }));
+    if (!u.gen.length) { section.append(el("p", { textContent: "nothing generated (or only special tokens)" })); return { section }; }
+    const line = tokenLine(u, g, scale);
     section.append(line);
     // the heat map: generated (rows) x source (columns); at and after a row's own token nothing is seen (grey)
     const table = el("table", { className: "heat" });
     table.setAttribute("aria-label", m.name + ": generated tokens (rows) by source tokens (columns)");
     const head = el("tr", {}, el("th", { scope: "col", className: "corner", textContent: "generated ↓, source →" }));
     u.src.forEach((t, c) => head.append(el("th", { scope: "col", className: c === u.p ? "src gen-start" : "src" }, el("span", { textContent: shown(t) }))));
-    const body = u.rows.map((r, k) => {
-      const s = scaleOf(r), tr = el("tr", { className: k === g ? "chosen" : "" });
+    const rows = u.rows.map((r, k) => {
+      const s = scale(r), tr = document.createElement("tr"), cells = [];
+      if (k === g) tr.className = "chosen";
       const th = el("th", { scope: "row", textContent: shown(u.gen[k]), title: stepTitle(u, k) });
       th.addEventListener("click", () => select(k));
-      tr.append(th);
+      cells.push(th);
       for (let c = 0; c < u.src.length; c++) {
-        const td = c < u.p + k ? scored("td", u, r, c, k, s) : el("td", { className: "future" });
+        let td;
+        if (c < u.p + k) td = scored("td", u, r, c, k, s);
+        else { td = document.createElement("td"); td.className = "future"; }
         if (c === u.p) td.classList.add("gen-start");
-        tr.append(td);
+        cells.push(td);
       }
+      tr.append(...cells);
       return tr;
     });
-    table.append(el("thead", {}, head), el("tbody", {}, ...body));
+    table.append(el("thead", {}, head), el("tbody", {}, ...rows));
     section.append(el("div", { className: "heat-wrap" }, table));
-    return section;
+    return { section, line, rows, redo: (k) => tokenLine(u, k, scale) };
   }
+  // what is drawn: choosing another generated token redraws its token lines only, not the heat maps
+  let drawn = null;
   function select(k) {
-    state.step = String(k); url.write(); redraw();
+    state.step = String(k); url.write();
+    if (!drawn || drawn.i !== detail.current) return redraw();
+    drawn.buttons.forEach((b, q) => b.setAttribute("aria-pressed", String(q === k)));
+    for (const v of drawn.views) {
+      if (!v.line) continue;
+      const line = v.redo(k);
+      v.line.replaceWith(line); v.line = line;
+      v.rows.forEach((tr, q) => { tr.className = q === k ? "chosen" : ""; });
+    }
+    $("detail-body").dataset.view = [state.m, state.agg, state.scale, k].join(",");
   }
   function drawDetail(i, items) {
     const it = items[i % D.block];
@@ -236,16 +256,18 @@
     const steps = el("div", { className: "gen-steps" });
     steps.setAttribute("role", "group");
     steps.setAttribute("aria-label", "generated tokens: choose one to colour the source by it");
-    first.gen.forEach((t, k) => {
+    const buttons = first.gen.map((t, k) => {
       const b = el("button", { type: "button", textContent: shown(t), title: stepTitle(first, k) });
       b.setAttribute("aria-pressed", String(k === g));
       b.addEventListener("click", () => select(k));
       steps.append(b);
+      return b;
     });
+    const views = js.map((j, k) => methodView(j, units[k], g));
     $("detail-body").replaceChildren(
       el("h3", { textContent: "Prompt" }), el("p", { className: "gen-prompt", textContent: it.prompt }),
-      el("h3", { textContent: "Continuation" }), steps,
-      ...js.map((j, k) => methodView(j, units[k], g)));
+      el("h3", { textContent: "Continuation" }), steps, ...views.map((v) => v.section));
+    drawn = { i, buttons, views };
     $("detail-body").dataset.view = [state.m, state.agg, state.scale, g].join(",");
     $("detail-body").dataset.drawn = String(i);
   }
