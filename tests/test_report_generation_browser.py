@@ -23,7 +23,7 @@ from hookviz.zoo.retrieval import retrieval
 require()  # skips this module without Playwright or Chromium
 
 N = 60  # two pages of 50 rows; four blocks of 16 prompts
-METHODS = ("input-x-gradient", "attn-lrp")
+METHODS = ("input-x-gradient", "attn-lrp", "occlusion")
 STEPS = ("probability", "log-probability", "entropy")
 EVIL = "<script>window.__pwned = 1</script>"
 
@@ -34,8 +34,9 @@ def site(tmp_path_factory):
     prompts = retrieval(N, seed=21).prompts
     first = hv.explain_generation(model, tokenizer, prompts, method=METHODS[0], max_new_tokens=2, step_scores=STEPS)
     forced = ["".join(t) for t in first.generated_tokens]
-    second = hv.explain_generation(model, tokenizer, prompts, method=METHODS[1], target=forced, step_scores=STEPS)
-    exps = {METHODS[0]: first, METHODS[1]: second}
+    exps = {METHODS[0]: first}
+    for m in METHODS[1:]:
+        exps[m] = hv.explain_generation(model, tokenizer, prompts, method=m, target=forced, step_scores=STEPS)
     index = hv.report_generation(exps, tmp_path_factory.mktemp("genbrowser") / "r", title=f"retrieval {EVIL}")
     return index, prompts, exps
 
@@ -73,7 +74,9 @@ def test_list_sort_filter_and_url(site, browser, tmp_path):
     for i, row in enumerate(cells):
         counts = f"{first.prompt_lengths[i]} + {len(first.generated_tokens[i])}"
         assert row[:4] == [str(i), prompts[i], "".join(first.generated_tokens[i]), counts]
-        assert row[4:] == [f"{float(first.step_scores[k][i].double().mean()):.3f}" for k in STEPS]
+        for text, k in zip(row[4:], STEPS, strict=True):  # the means to 4 significant digits
+            mean = float(first.step_scores[k][i].double().mean())
+            assert len(text.lstrip("-0.")) == 4 and math.isclose(float(text), mean, rel_tol=5e-4), (text, mean)
     page.click(".pager button:text('2')")
     assert _rows(page) == list(range(50, N)) and "page=2" in page.url
 
@@ -112,7 +115,8 @@ def test_list_sort_filter_and_url(site, browser, tmp_path):
     again = _open(browser, page.url)
     again.wait_for_selector(f"#detail-body[data-drawn='{hits[0]}'][data-view='1,tokens,prompt,0']")
     assert again.input_value("#d-method") == "1" and again.input_value("#d-scale") == "prompt"
-    assert again.eval_on_selector_all("section.gen-method h3", "hs => hs.map(h => h.textContent)") == [METHODS[1]]
+    names = again.eval_on_selector_all("section.gen-method h3 span", "hs => hs.map(h => h.textContent)")
+    assert names == [METHODS[1]]
     again.close()
     page.keyboard.press("ArrowRight")  # the next prompt of the filtered, sorted list
     page.wait_for_selector(f"#detail-body[data-drawn='{hits[1]}']")
@@ -155,7 +159,7 @@ def test_detail_colours_and_titles_match_python(site, browser):
         page.select_option("#d-scale", scale)
         page.wait_for_selector(f"#detail-body[data-view='all,tokens,{scale},0']")
         sections = page.eval_on_selector_all("section.gen-method", "ss => ss.map(s => s.dataset.method)")
-        assert sections == ["0", "1"]  # both methods, one under the other (the default with several)
+        assert sections == ["0", "1", "2"]  # every method, one under the other (the default with several)
         for j, name in enumerate(METHODS):
             exp = exps[name]
             s, p = exp.scores[i], exp.prompt_lengths[i]
@@ -241,7 +245,7 @@ def test_text_from_data_is_shown_as_text(browser, tmp_path):
     page.click("#grid tbody tr")
     page.wait_for_selector("#detail-body[data-drawn='0']")
     assert page.text_content(".gen-prompt") == f"{EVIL} the cat sat"
-    assert page.text_content("section.gen-method h3") == f"{EVIL} (saliency)"
+    assert page.text_content("section.gen-method h3 span") == f"{EVIL} (saliency)"
     assert "<b>cat</b>" in page.eval_on_selector_all("thead th.src", "hs => hs.map(h => h.textContent)")
     assert page.eval_on_selector_all("#detail b, #grid b", "bs => bs.length") == 0  # no element made of the text
     assert page.evaluate("window.__pwned") is None and errors == []

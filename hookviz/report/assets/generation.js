@@ -6,7 +6,7 @@
 (function () {
   const D = window.HV_DATA;
   const PAGE = 50;
-  const S = window.HVSite, { $, el, fmt } = S;
+  const S = window.HVSite, { $, el } = S;
 
   // ------------------------------------------------------------------ colours and numbers
   const POSITIVE = [214, 39, 40], NEGATIVE = [31, 119, 180];
@@ -22,6 +22,7 @@
     for (const v of values) m = Math.max(m, Math.abs(v));
     return Number.isFinite(m) ? m : 0;
   }
+  const sig = (v) => (v === null || v === undefined ? "—" : Number(v).toPrecision(4)); // 4 significant digits
   const signed = (v, s) => (v >= 0 ? "+" : "") + s;
   // the shortest text that reads back as the stored float32 (or float64) value: exact on hover
   function exact(v, f32) {
@@ -126,7 +127,7 @@
       el("td", { className: "gen-text", textContent: shorten(D.prompts[i], 160) }),
       el("td", { className: "gen-text gen-cont", textContent: shorten(D.continuations[i], 200) }),
       el("td", { className: "num", textContent: D.p[i] + " + " + D.g[i] }));
-    for (const name of D.steps) tr.append(el("td", { className: "num", textContent: fmt(D.means[name][i], 3) }));
+    for (const name of D.steps) tr.append(el("td", { className: "num", textContent: sig(D.means[name][i]) }));
     tr.addEventListener("click", () => openItem(i, true));
     return tr;
   }
@@ -170,7 +171,7 @@
   }
   function showDetail(i) {
     $("detail-title").textContent = "prompt #" + i;
-    const means = D.steps.map((name) => "mean " + name + " " + fmt(D.means[name][i], 4));
+    const means = D.steps.map((name) => "mean " + name + " " + sig(D.means[name][i]));
     $("detail-info").textContent = [D.p[i] + " prompt tokens", D.g[i] + " generated", ...means].join(" · ");
     $("detail-title").focus();
     redraw();
@@ -203,8 +204,8 @@
     const scale = (r) => (state.scale === "prompt" ? big : finiteMax(r));
     const section = el("section", { className: "gen-method" });
     section.dataset.method = j;
-    section.append(el("h3", { textContent: m.name + (m.method !== m.name ? " (" + m.method + ")" : "") }),
-      el("p", { className: "muted", textContent: "explains the " + m.score + " of each generated " + (state.agg === "words" ? "word" : "token") + (m.contrast ? " against its contrast" : "") + "; red: for it, blue: against; " + (state.scale === "prompt" ? "one scale for the prompt (largest |score| " + big.toPrecision(4) + ")" : "each generated token on its own scale") }));
+    const what = " · the " + m.score + " of each generated " + (state.agg === "words" ? "word" : "token") + (m.contrast ? " against its contrast" : "") + (state.scale === "prompt" ? "; largest |score| " + big.toPrecision(4) : "");
+    section.append(el("h3", {}, el("span", { textContent: m.name + (m.method !== m.name ? " (" + m.method + ")" : "") }), el("small", { className: "muted", textContent: what })));
     if (!u.gen.length) { section.append(el("p", { textContent: "nothing generated (or only special tokens)" })); return { section }; }
     const line = tokenLine(u, g, scale);
     section.append(line);
@@ -266,7 +267,9 @@
     const views = js.map((j, k) => methodView(j, units[k], g));
     $("detail-body").replaceChildren(
       el("h3", { textContent: "Prompt" }), el("p", { className: "gen-prompt", textContent: it.prompt }),
-      el("h3", { textContent: "Continuation" }), steps, ...views.map((v) => v.section));
+      el("h3", { textContent: "Continuation" }), steps,
+      el("p", { className: "muted legend", textContent: "Per method: the source coloured by the chosen generated token, then the heat map (rows: generated tokens, columns: source tokens; hatched: the token itself and what follows, which the model could not see). Red: for the generated token, blue: against; " + (state.scale === "prompt" ? "one scale per prompt and method" : "each generated token on its own scale") + ". Hover for the exact score." }),
+      ...views.map((v) => v.section));
     drawn = { i, buttons, views };
     $("detail-body").dataset.view = [state.m, state.agg, state.scale, g].join(",");
     $("detail-body").dataset.drawn = String(i);
