@@ -83,16 +83,21 @@ def zoo_lm():
     return retrieval_lm()
 
 
-@pytest.fixture(scope="module")
-def explained(zoo_lm):
-    model, tokenizer = zoo_lm
-    prompts = retrieval(N, seed=3).prompts
-    first = hv.explain_generation(model, tokenizer, prompts, method=METHODS[0], max_new_tokens=2, step_scores=STEPS)
+def explain_retrieval(n: int, seed: int, methods: tuple[str, ...] = METHODS) -> tuple[list[str], dict]:
+    """`n` retrieval prompts explained by each method: the first generates, the others explain its continuation."""
+    model, tokenizer = retrieval_lm()
+    prompts = retrieval(n, seed=seed).prompts
+    first = hv.explain_generation(model, tokenizer, prompts, method=methods[0], max_new_tokens=2, step_scores=STEPS)
     continuation = ["".join(t) for t in first.generated_tokens]
-    exps = {METHODS[0]: first}
-    for m in METHODS[1:]:
+    exps = {methods[0]: first}
+    for m in methods[1:]:
         exps[m] = hv.explain_generation(model, tokenizer, prompts, method=m, target=continuation, step_scores=STEPS)
     return prompts, exps
+
+
+@pytest.fixture(scope="module")
+def explained():
+    return explain_retrieval(N, seed=3)
 
 
 @pytest.fixture(scope="module")

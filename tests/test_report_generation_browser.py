@@ -12,31 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 from chromium import require
-from test_report_generation import handmade, script_data
+from test_report_generation import METHODS, STEPS, explain_retrieval, handmade, script_data
 
 import hookviz as hv
 from hookviz.generation.explanation import finite_max
 from hookviz.text import token_colour
-from hookviz.zoo import retrieval_lm
-from hookviz.zoo.retrieval import retrieval
 
 require()  # skips this module without Playwright or Chromium
 
 N = 60  # two pages of 50 rows; four blocks of 16 prompts
-METHODS = ("input-x-gradient", "attn-lrp", "occlusion")
-STEPS = ("probability", "log-probability", "entropy")
 EVIL = "<script>window.__pwned = 1</script>"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    model, tokenizer = retrieval_lm()
-    prompts = retrieval(N, seed=21).prompts
-    first = hv.explain_generation(model, tokenizer, prompts, method=METHODS[0], max_new_tokens=2, step_scores=STEPS)
-    forced = ["".join(t) for t in first.generated_tokens]
-    exps = {METHODS[0]: first}
-    for m in METHODS[1:]:
-        exps[m] = hv.explain_generation(model, tokenizer, prompts, method=m, target=forced, step_scores=STEPS)
+    prompts, exps = explain_retrieval(N, seed=21)
     index = hv.report_generation(exps, tmp_path_factory.mktemp("genbrowser") / "r", title=f"retrieval {EVIL}")
     return index, prompts, exps
 
