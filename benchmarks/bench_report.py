@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -35,17 +36,8 @@ import torch
 import hookviz as hv
 from hookviz.zoo import ShapesDataset, shapes_model
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from chromium import CHROMIUM, FLAGS  # noqa: E402 (the browser tests' Chromium and flags)
 
 # as tests/test_report_browser.py: the first three rows' images decoded and their method thumbnails drawn
 FIRST_ROWS_DRAWN = (
@@ -89,10 +81,9 @@ def _cpu_seconds() -> float:
 def render_times(index: Path, repeats: int) -> list[float]:
     from playwright.sync_api import sync_playwright
 
-    chromium = os.environ.get("HOOKVIZ_CHROMIUM", "/usr/bin/chromium")
     out = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         for _ in range(repeats + 1):  # the first load warms the browser's caches: not counted
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             t = time.perf_counter()

@@ -60,7 +60,7 @@ from .metrics import (
 from .record import ActivationRecorder, GradientRecorder
 
 # the function shadows its subpackage on purpose: hv.report(...) is the API; `from hookviz.report import x` works
-from .report import report
+from .report import report, report_generation
 from .targets import RowTarget, Targets, batched_grad
 from .text import TokenExplanation
 
@@ -139,6 +139,7 @@ __all__ = [
     "load_explanations",
     "load_images",
     "report",
+    "report_generation",
     "metrics",
     "patching",
     "patching_figure",

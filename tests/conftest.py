@@ -51,3 +51,24 @@ def grids(monkeypatch) -> list:
 
     monkeypatch.setattr(figures, "grid", spy)
     return drawn
+
+
+# the reports' browser tests (tests/chromium.py: they skip themselves without Playwright or Chromium): one Playwright
+# per module (a second one refuses to start inside the first), and its headless Chromium
+@pytest.fixture(scope="module")
+def playwright():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    from chromium import CHROMIUM, FLAGS
+
+    b = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    try:
+        yield b
+    finally:
+        b.close()

@@ -1,8 +1,7 @@
-"""The report in a real browser: headless Chromium (Debian's ``chromium``) driven by Playwright's Python API.
-
-Nothing is downloaded: Playwright launches the system Chromium by its path (``HOOKVIZ_CHROMIUM`` or
-``/usr/bin/chromium``). Screenshots go to ``HOOKVIZ_SCREENSHOTS`` (default: the test's tmp_path) and the first-page
-render time is printed (``-s`` shows it) and recorded as a property: measured, never asserted.
+"""The report in a real browser: headless Chromium (Debian's ``chromium``) driven by Playwright's Python API
+(tests/chromium.py: nothing is downloaded; skipped without Chromium or Playwright). Screenshots go to
+``HOOKVIZ_SCREENSHOTS`` (default: the test's tmp_path) and the first-page render time is printed (``-s`` shows it)
+and recorded as a property: measured, never asserted.
 """
 
 from __future__ import annotations
@@ -10,37 +9,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from chromium import CHROMIUM, FLAGS, require
 
 import hookviz as hv
 from hookviz.display_options import resolve_options
 from hookviz.zoo import ShapesDataset, shapes_model
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
+require()  # skips this module without Playwright or Chromium
 
-CHROMIUM = os.environ.get("HOOKVIZ_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-if not os.path.isfile(CHROMIUM):
-    pytest.skip(
-        f"no Chromium at {CHROMIUM!r}: install Debian's chromium (apt-get install -y chromium) or set HOOKVIZ_CHROMIUM",
-        allow_module_level=True,
-    )
-# the machine's closed network refuses Chromium's background connections; these flags keep it from trying
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 N = 64
 # the grid drawn with its first three rows' images decoded and their method thumbnails drawn
 FIRST_ROWS_DRAWN = (
@@ -62,21 +44,6 @@ def site(tmp_path_factory):
         preds = model(data.shapes.images).argmax(dim=1)
     energy = hv.energy_in_mask(stores[0][:], data.shapes.masks)
     return index, data, preds, energy
-
-
-@pytest.fixture(scope="module")
-def playwright():
-    with sync_api.sync_playwright() as p:  # one per process: a second one refuses to start inside the first
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright):
-    b = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def _rows(page) -> list[int]:

@@ -20,17 +20,20 @@ def _parse_device(spec: str) -> torch.device:
         raise UsageError(f"--device: {spec!r} is not a device; use cpu, cuda or cuda:0") from None
 
 
-def _parse_methods(spec: str, flag: str = "--method") -> list[str]:
+def _parse_methods(spec: str, flag: str = "--method", known: Sequence[str] | None = None) -> list[str]:
+    """Comma-separated method names, each one of `known` (default: the image methods, `hookviz.METHODS`)."""
     from ..methods import METHODS, suggest_method
 
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise UsageError(f"{flag}: expected a method name or comma-separated names, got {spec!r}")
     for name in names:
-        if name not in METHODS:
-            close = suggest_method(name)  # the rule of hookviz.get_method: "Grad-CAM" -> gradcam
+        if name not in (METHODS if known is None else known):
+            # the rule of hookviz.get_method: "Grad-CAM" -> gradcam
+            close = suggest_method(name) if known is None else None
             hint = f"did you mean {close!r}? " if close is not None else ""
-            raise UsageError(f"unknown method {name!r}; {hint}available: {', '.join(sorted(METHODS))}")
+            choices = sorted(METHODS) if known is None else list(known)
+            raise UsageError(f"unknown method {name!r}; {hint}available: {', '.join(choices)}")
     return names
 
 

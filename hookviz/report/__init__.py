@@ -1,4 +1,5 @@
-"""A static HTML report over a data set's explanations (no server, no CDN): `report`.
+"""Static HTML reports (no server, no CDN): `report` over a data set's explanations, `report_generation` over the
+explanations of a file of prompts (``gendata``: its data; ``generation``: the function).
 
 ``stores``: reading and checking the stores; ``sources``: the items' images, labels and files; ``scores``:
 per-item metrics and the summary; ``thumbnails`` and ``mapdata``: the files the pages show; ``pages``: the HTML;
@@ -6,5 +7,6 @@ per-item metrics and the summary; ``thumbnails`` and ``mapdata``: the files the 
 """
 
 from .build import report
+from .generation import report_generation
 
-__all__ = ["report"]
+__all__ = ["report", "report_generation"]

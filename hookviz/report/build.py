@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .._present import presenter
 from ..display import EmptyMapWarning
+from ..generation import GenerationExplanation
 from ..metrics import Evaluation
 from . import mapdata, pages, thumbnails
 from .output import VERSION, mark, prepare_out
@@ -116,6 +117,12 @@ def report(
         raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
     if sanity_figure is not None and not Path(sanity_figure).is_file():
         raise FileNotFoundError(f"sanity_figure={str(sanity_figure)!r} is not a file")
+    if isinstance(stores, GenerationExplanation) or (
+        isinstance(stores, Mapping) and any(isinstance(v, GenerationExplanation) for v in stores.values())
+    ):
+        raise TypeError(
+            "stores holds generation explanations; report them with hookviz.report_generation(explanations, out)"
+        )
     if isinstance(stores, Mapping):
         columns = _memory_columns(stores)
         manifest: dict[str, Any] = {}

@@ -13,7 +13,10 @@ MARKER = ".hookviz-report.json"
 #: a rebuild removes every file of either (`OWN`), so no folder mixes the two
 VERSION = 2
 #: everything a report writes, replaced on a rebuild; nothing else in the folder is touched
-OWN = ("index.html", "summary.html", "report.css", "report.js", "data", "img", "full", "maps", "m", "sanity.png")
+OWN = (
+    "index.html", "summary.html", "report.css", "site.js", "report.js", "generation.js", "data", "img", "full", "maps",
+    "m", "sanity.png",
+)  # fmt: skip
 
 
 def prepare_out(out: str | os.PathLike[str], overwrite: bool) -> Path:

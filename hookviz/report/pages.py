@@ -8,6 +8,7 @@ import base64
 import html
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -109,17 +110,30 @@ def site_data(
     }
 
 
-def write_site(path: Path, *, sanity: str | None, **kwargs: Any) -> None:
-    data = site_data(**kwargs)
+def script_call(call: str, *args: Any) -> str:
+    """A data file's text: one call with JSON arguments (``window.HV_DATA={...};`` for an assignment). A script, not
+    JSON: pages opened from file:// may load scripts but may not fetch files."""
+    text = ",".join(json.dumps(a, separators=(",", ":"), allow_nan=False) for a in args)
+    return (f"{call}={text};" if call.startswith("window.") else f"{call}({text});") + "\n"
+
+
+def write_index(path: Path, title: str, data: dict[str, Any], parts: str) -> None:
+    """``index.html``, ``data/items.js`` (`data` as ``window.HV_DATA``), the shared style and scripts, and the
+    report's own script: the page shell ``assets/index.html`` filled with one report's parts (``assets/<parts>``,
+    sections ``<!-- slot: name -->``); the title escaped, every other text of data set by the script."""
     (path / "data").mkdir(exist_ok=True)
-    # a script, not JSON: pages opened from file:// may load scripts but not fetch files
-    (path / "data" / "items.js").write_text(
-        "window.HV_DATA=" + json.dumps(data, separators=(",", ":"), allow_nan=False) + ";\n", encoding="utf-8"
-    )
-    for name in ("report.css", "report.js"):
+    (path / "data" / "items.js").write_text(script_call("window.HV_DATA", data), encoding="utf-8")
+    slots = dict(re.findall(r"<!-- slot: (\w+) -->\n(.*?)\n(?=<!-- slot: |\Z)", _asset(parts), flags=re.S))
+    slots["title"] = html.escape(title)
+    for name in ("report.css", "site.js", slots["script"]):
         (path / name).write_text(_asset(name), encoding="utf-8")
+    page = re.sub(r"\{\{(\w+)\}\}", lambda m: slots[m.group(1)], _asset("index.html"))
+    (path / "index.html").write_text(page, encoding="utf-8")
+
+
+def write_site(path: Path, *, sanity: str | None, **kwargs: Any) -> None:
+    write_index(path, kwargs["title"], site_data(**kwargs), "images.html")
     title = html.escape(kwargs["title"])
-    (path / "index.html").write_text(_asset("index.html").replace("{{title}}", title), encoding="utf-8")
     (path / "summary.html").write_text(
         summary_page(title, kwargs["columns"], kwargs["items"], kwargs["metrics"], kwargs["summary"], sanity),
         encoding="utf-8",

@@ -1,18 +1,12 @@
 // hookviz report: the grid (sort, filter, pages, URL state) and the detail view (display modes redone from the
 // stored maps, as hookviz.display.normalize does them). Plain DOM, no framework; text is set with textContent only.
+// What both reports share (URL state, pager, data files, keys, the detail view's steps) is in site.js.
 "use strict";
 (function () {
   const D = window.HV_DATA;
   const PAGE = 50;
   const EPS = 1e-8;
-  const $ = (id) => document.getElementById(id);
-  const el = (tag, props, ...kids) => {
-    const e = document.createElement(tag);
-    Object.assign(e, props || {});
-    for (const k of kids) e.append(k);
-    return e;
-  };
-  const fmt = (v, d = 3) => (v === null || v === undefined ? "—" : Number(v).toFixed(d));
+  const { $, el, fmt } = window.HVSite;
   const cls = (k) => (k === null || k === undefined || k < 0 ? "—" : D.classes && k < D.classes.length ? D.classes[k] : String(k));
   const known = (a) => Array.isArray(a);
   const correct = (i) => (known(D.labels) && known(D.preds) ? D.labels[i] === D.preds[i] : null);
@@ -103,25 +97,8 @@
   window.HV.normalizeMaps = normalizeMaps; // for tests: compared with hookviz.display.normalize
 
   // ------------------------------------------------------------------ the maps files (script tags: file:// safe)
-  const blocks = {}, waiting = {}, decoded = {};
-  window.HV.maps = function (block, records) { blocks[block] = records; (waiting[block] || []).forEach((f) => f()); delete waiting[block]; };
-  function loadBlock(block) {
-    return new Promise((resolve, reject) => {
-      if (blocks[block]) return resolve(blocks[block]);
-      (waiting[block] = waiting[block] || []).push(() => resolve(blocks[block]));
-      if (waiting[block].length > 1) return;
-      const s = document.createElement("script");
-      s.src = "maps/" + String(block).padStart(5, "0") + ".js";
-      s.onerror = () => reject(new Error("cannot load " + s.src));
-      document.head.append(s);
-    });
-  }
-  // base64 of zlib data -> its bytes, inflated by the browser (no fetch: a Blob's stream, so file:// is fine)
-  async function inflate(b64) {
-    const text = atob(b64), bytes = new Uint8Array(text.length);
-    for (let q = 0; q < text.length; q++) bytes[q] = text.charCodeAt(q);
-    return new Uint8Array(await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"))).arrayBuffer());
-  }
+  const decoded = {};
+  const loadBlock = window.HVSite.scriptBlocks("maps", "maps"), inflate = window.HVSite.inflate;
   // a block's records with their 16-bit codes decoded (hookviz.report.mapdata: high-byte plane, then low-byte plane)
   function loadMaps(block) {
     if (!decoded[block]) {
@@ -229,17 +206,7 @@
 
   // ------------------------------------------------------------------ state in the URL
   const state = { q: "", cls: "", ok: "", sort: "index", dir: "asc", fm: "", fop: "", fv: "", page: 1, item: "" };
-  function readHash() {
-    const p = new URLSearchParams(location.hash.slice(1));
-    for (const k of Object.keys(state)) if (p.has(k)) state[k] = k === "page" ? Math.max(1, parseInt(p.get(k), 10) || 1) : p.get(k);
-  }
-  function writeHash() {
-    const p = new URLSearchParams();
-    const defaults = { sort: "index", dir: "asc", page: 1 };
-    for (const [k, v] of Object.entries(state)) if (v !== "" && v !== defaults[k]) p.set(k, v);
-    const h = "#" + p.toString();
-    if (location.hash !== h) history.replaceState(null, "", h === "#" ? location.pathname + location.search : h);
-  }
+  const url = window.HVSite.urlState(state, { sort: "index", dir: "asc", page: 1 });
 
   // ------------------------------------------------------------------ sort keys and filters
   function metricValues(key) { // "m|<method index>|<metric>" or "s|<method index>"
@@ -271,16 +238,7 @@
       }
       view.push(i);
     }
-    const key = sortKey(), sgn = state.dir === "desc" ? -1 : 1;
-    if (key) {
-      view.sort((a, b) => {
-        const x = key[a], y = key[b];
-        if (x === null && y === null) return a - b;
-        if (x === null) return 1; // unknown values last, whatever the order
-        if (y === null) return -1;
-        return (x < y ? -1 : x > y ? 1 : a - b) * sgn;
-      });
-    } else if (sgn < 0) view.reverse();
+    window.HVSite.sortView(view, sortKey(), state.dir);
   }
 
   // ------------------------------------------------------------------ the grid
@@ -314,29 +272,8 @@
       const t = m.folder ? tile(m.folder, i, label) : mapTile(j, i, label);
       tr.append(el("td", {}, t, metricText(m, i)));
     });
-    tr.addEventListener("click", () => openDetail(i));
+    tr.addEventListener("click", () => detail.open(i));
     return tr;
-  }
-  function pager() {
-    const pages = Math.max(1, Math.ceil(view.length / PAGE));
-    for (const nav of document.querySelectorAll(".pager")) {
-      nav.replaceChildren();
-      const add = (p, text) => {
-        const b = el("button", { type: "button", textContent: text || String(p) });
-        if (p === state.page && !text) b.setAttribute("aria-current", "page");
-        b.disabled = p < 1 || p > pages || (text && p === state.page);
-        b.addEventListener("click", () => { state.page = p; render(); document.querySelector("#grid tbody tr")?.focus(); });
-        nav.append(b);
-      };
-      add(state.page - 1, "‹ previous");
-      const shown = new Set([1, pages, state.page - 2, state.page - 1, state.page, state.page + 1, state.page + 2]);
-      let last = 0;
-      for (const p of [...shown].filter((p) => p >= 1 && p <= pages).sort((a, b) => a - b)) {
-        if (p > last + 1) nav.append(el("span", { textContent: "…" }));
-        add(p); last = p;
-      }
-      add(state.page + 1, "next ›");
-    }
   }
   function render() {
     compute();
@@ -345,8 +282,8 @@
     const rows = view.slice((state.page - 1) * PAGE, state.page * PAGE).map(row);
     document.querySelector("#grid tbody").replaceChildren(...rows);
     $("count").textContent = view.length + " of " + D.n + " images" + (pages > 1 ? ", page " + state.page + " of " + pages : "");
-    pager();
-    writeHash();
+    window.HVSite.pager(state, pages, render);
+    url.write();
   }
   function setupControls() {
     $("source").textContent = D.source;
@@ -377,46 +314,20 @@
       if (k === "fop" || k === "fv") state.fm = fm.value;
       state.page = 1; render();
     });
-    window.addEventListener("hashchange", () => { readHash(); sync(); render(); state.item !== "" ? openDetail(+state.item) : closeDetail(); });
+    window.addEventListener("hashchange", () => { url.read(); sync(); render(); state.item !== "" ? openDetail(+state.item) : detail.close(); });
   }
-  document.addEventListener("keydown", (ev) => {
-    if (!$("detail").hidden) {
-      if (ev.key === "Escape") { ev.preventDefault(); closeDetail(); }
-      else if (ev.target.tagName !== "SELECT" && ev.target.tagName !== "INPUT" && (ev.key === "ArrowLeft" || ev.key === "ArrowRight")) { ev.preventDefault(); step(ev.key === "ArrowLeft" ? -1 : 1); }
-      return;
-    }
-    const tr = ev.target.closest && ev.target.closest("#grid tbody tr");
-    if (!tr) return;
-    if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); openDetail(+tr.dataset.item); }
-    else if (ev.key === "ArrowDown" || ev.key === "j") { ev.preventDefault(); (tr.nextElementSibling || tr).focus(); }
-    else if (ev.key === "ArrowUp" || ev.key === "k") { ev.preventDefault(); (tr.previousElementSibling || tr).focus(); }
-  });
 
   // ------------------------------------------------------------------ the detail view
-  let current = null, returnFocus = null;
-  function step(d) {
-    const k = view.indexOf(current);
-    const next = view[k + d];
-    if (k >= 0 && next !== undefined) openDetail(next);
-  }
-  function closeDetail() {
-    if ($("detail").hidden) return;
-    $("detail").hidden = true;
-    state.item = ""; current = null; writeHash();
-    const back = document.querySelector('#grid tbody tr[data-item="' + returnFocus + '"]');
-    if (back) back.focus();
-  }
   function options(m) {
     const mode = $("d-mode").value || m.mode, sign = $("d-sign").value || m.sign;
     const ov = $("d-overlay").value;
     return { mode, sign, scale: $("d-scale").value, cmap: $("d-cmap").value || m.cmap, percentile: m.percentile,
       overlay: (ov === "" ? m.overlay : ov === "on") && D.hasImages, alpha: parseFloat($("d-alpha").value) };
   }
-  async function openDetail(i) {
-    if (!(i >= 0 && i < D.n)) return;
-    if ($("detail").hidden) returnFocus = i;
-    current = i; state.item = String(i); writeHash();
-    $("detail").hidden = false;
+  function openDetail(i) {
+    if (i >= 0 && i < D.n) detail.open(i);
+  }
+  async function showDetail(i) {
     const label = known(D.labels) ? cls(D.labels[i]) : "—";
     $("detail-title").textContent = D.names[i] === "#" + i ? "image #" + i : D.names[i] + " (#" + i + ")";
     const info = $("detail-info");
@@ -425,7 +336,7 @@
     else info.append(D.source);
     $("detail-title").focus();
     const records = await loadMaps(Math.floor(i / D.block));
-    if (current !== i) return;
+    if (detail.current !== i) return;
     drawDetail(i, records);
   }
   function drawDetail(i, records) {
@@ -477,18 +388,16 @@
     $("detail-maps").replaceChildren(...figs);
     $("detail-maps").dataset.drawn = String(i);
   }
+  const detail = window.HVSite.detail(state, url, showDetail, () => view);
   function redraw() {
-    const i = current;
-    if (i !== null) loadMaps(Math.floor(i / D.block)).then((records) => { if (current === i) drawDetail(i, records); });
+    const i = detail.current;
+    if (i !== null) loadMaps(Math.floor(i / D.block)).then((records) => { if (detail.current === i) drawDetail(i, records); });
   }
 
   function start() {
     for (const name of Object.keys(D.luts)) $("d-cmap").append(el("option", { value: name, textContent: name }));
     for (const id of ["d-mode", "d-sign", "d-scale", "d-cmap", "d-overlay", "d-alpha"]) $(id).addEventListener("input", redraw);
-    $("close").addEventListener("click", closeDetail);
-    $("prev").addEventListener("click", () => step(-1));
-    $("next").addEventListener("click", () => step(1));
-    readHash();
+    url.read();
     setupControls();
     render();
     if (state.item !== "") openDetail(+state.item);
