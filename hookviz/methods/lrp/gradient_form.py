@@ -126,7 +126,14 @@ class _IdentityRuleFn(torch.autograd.Function):
 
 
 def _ratio(y: Tensor, x: Tensor) -> Tensor:
-    return (y / x).masked_fill_(x == 0, 0)
+    """y / x, 0 where x is 0. Where x is 0 the quotient is not finite (0 / 0, or y / 0), so on the CPU a finite sum
+    of the quotients says there is no such place and the mask is skipped: one read instead of a comparison and a
+    fill over the activation (a third of the rule's time on a ViT-B MLP; the same values either way). On an
+    accelerator the mask is always applied: reading the sum would wait for the device."""
+    ratio = y / x
+    if ratio.device.type == "cpu" and bool(ratio.sum().isfinite()):
+        return ratio
+    return ratio.masked_fill_(x == 0, 0)
 
 
 def _again_module(module: nn.Module) -> Callable[[Tensor], Tensor] | None:
