@@ -1,7 +1,7 @@
 """AttnLRP and CP-LRP against the gradient floor: time and peak memory on a ViT-Small and a BERT-base (random weights).
 
     python benchmarks/bench_attnlrp.py [--models vit_small bert_base] [--batch 1] [--repeats 5] [--no-memory]
-        [--out benchmarks/results/attnlrp-cpu]
+        [--rows floor hookviz-attn-lrp-eps0 lxt-attn-lrp ...] [--out benchmarks/results/attnlrp-cpu]
 
 Models (eval mode, parameters frozen, random weights, seed 0): ``vit_small`` is timm's ``vit_small_patch16_224``
 (fused attention: ``F.scaled_dot_product_attention``) on (N, 3, 224, 224) images; ``bert_base`` is Hugging Face's
@@ -304,6 +304,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS, help="rows to time (the floor always)")
     ap.add_argument("--out", default="benchmarks/results/attnlrp-cpu")
     ap.add_argument("--child-row", help=argparse.SUPPRESS)
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
@@ -317,7 +318,8 @@ def main() -> None:
         model = make_model(name)
         x = make_input(name, args.batch)
         fns: dict[str, Callable[[torch.Tensor], Any]] = {}
-        for row in ROWS:  # warm-up; a row that cannot explain the model gets a note, not a time
+        rows = [r for r in ROWS if r == "floor" or r in args.rows]  # the table's order; the floor for the ratios
+        for row in rows:  # warm-up; a row that cannot explain the model gets a note, not a time
             try:
                 fn = build(row, name, model)
                 fn(x)

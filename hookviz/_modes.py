@@ -10,15 +10,17 @@ from torch import nn
 
 
 @contextmanager
-def training_restored(model: nn.Module) -> Iterator[None]:
+def training_restored(model: nn.Module) -> Iterator[list[tuple[nn.Module, bool]]]:
     """Every module's ``training`` flag put back as it was on any exit (``KeyboardInterrupt`` included), whatever
-    the block sets: per module, so a model that mixes train and eval submodules gets the same mix back."""
+    the block sets: per module, so a model that mixes train and eval submodules gets the same mix back. Yields the
+    saved (module, flag) pairs."""
     modes = [(m, m.training) for m in model.modules()]
     try:
-        yield
+        yield modes
     finally:
         for m, training in modes:
-            m.training = training
+            if m.training is not training:  # nn.Module.__setattr__ is slow; most flags come back unchanged
+                m.training = training
 
 
 @contextmanager

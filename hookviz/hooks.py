@@ -46,7 +46,13 @@ def _is_module_type(obj: object) -> bool:
     return isinstance(obj, type) and issubclass(obj, nn.Module)
 
 
-def select_modules(model: nn.Module, selector: Selector) -> list[tuple[str, nn.Module]]:
+class Selection(tuple):
+    """(dotted name, module) pairs of a model, already resolved: a selector that `select_modules` hands back as it
+    is, without walking the model again (one `named_modules` walk shared by several registrations, as the rule
+    engine's hooks are placed at every call). Whoever builds one vouches that the modules are the model's."""
+
+
+def select_modules(model: nn.Module, selector: Selector | Selection) -> list[tuple[str, nn.Module]]:
     """Resolve `selector` to the (dotted name, module) pairs of `model` it names, in `named_modules()` order.
 
     Selector forms: an exact dotted name (``"layer4.1.conv2"``; ``""`` is the model itself), a glob over dotted
@@ -55,6 +61,10 @@ def select_modules(model: nn.Module, selector: Selector) -> list[tuple[str, nn.M
     appears once, under its first name. A selector that matches nothing raises `ValueError` naming the closest
     module names.
     """
+    if isinstance(selector, Selection):
+        if not selector:
+            raise ValueError(f"selector Selection() is empty: it names no module of {type(model).__name__}")
+        return list(selector)
     named = list(model.named_modules())
     if isinstance(selector, str):
         if any(c in selector for c in _GLOB_CHARS):
@@ -141,7 +151,7 @@ class HookManager:
     # -- registration -------------------------------------------------------------------------------------------
     def forward(
         self,
-        selector: Selector,
+        selector: Selector | Selection,
         fn: Callable[..., Any],
         *,
         with_name: bool = False,
@@ -163,7 +173,7 @@ class HookManager:
 
     def forward_pre(
         self,
-        selector: Selector,
+        selector: Selector | Selection,
         fn: Callable[..., Any],
         *,
         with_name: bool = False,
@@ -257,7 +267,7 @@ class HookManager:
         return f"HookManager({type(self.model).__name__}, hooks={len(self._handles)})"
 
     # -- helpers ------------------------------------------------------------------------------------------------
-    def _resolve(self, selector: Selector, fn: Callable[..., Any]) -> list[tuple[str, nn.Module]]:
+    def _resolve(self, selector: Selector | Selection, fn: Callable[..., Any]) -> list[tuple[str, nn.Module]]:
         if not callable(fn):
             raise TypeError(f"hook fn must be callable, got {type(fn).__name__}")
         return select_modules(self.model, selector)

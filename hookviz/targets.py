@@ -432,7 +432,9 @@ def _call(fn: TargetFn, output: Any, n: int, block: tuple[int, int] | None, conn
         )
     if connected and not scores.requires_grad:
         raise ValueError("the target callable returned scores that are not connected to the model output")
-    return scores
+    # a view (``out.logits[:, -1, c]``) would keep the whole output alive until the scores go, through the backward
+    # pass: a language model's logits (N, T, V), as large as the gradient the backward pass allocates at them
+    return scores.clone() if scores._is_view() else scores
 
 
 def _check_multi(scores: Tensor, output: Any) -> None:

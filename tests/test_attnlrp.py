@@ -775,3 +775,43 @@ def test_multihead_attention_with_bias_kv_and_zero_attn_equals_explicit(composit
     explicit = hv.LRP(model, composite).attribute(x, target=2)
     torch.testing.assert_close(fused, explicit, rtol=1e-9, atol=1e-12)  # float64 rounding, as above
     assert float(fused.abs().max()) > 0
+
+
+def test_module_kind_by_name_and_own_members() -> None:
+    """`module_kind` (read on every module at every call, so it reads a module's own dicts and its class once):
+    what it says for each kind of module it tells apart."""
+    require("transformers")
+    from transformers.activations import GELUActivation
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.pytorch_utils import Conv1D
+
+    from hookviz.methods.lrp.transformer import module_kind
+
+    class T5LayerNorm(nn.Module):  # found by name: a norm with no children
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(4))
+
+    class MyGroupNorm(T5LayerNorm):  # "Group": not a last-axis norm
+        pass
+
+    class LayerNormBlock(nn.Module):  # a norm's name, but children: a container
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(4)
+
+    class Embeddings(nn.Module):  # own parameters and children: constants absorbed like a bias
+        def __init__(self) -> None:
+            super().__init__()
+            self.cls = nn.Parameter(torch.zeros(1, 1, 4))
+            self.proj = nn.Linear(4, 4)
+
+    holder = Embeddings()
+    holder.register_parameter("unused", None)  # a None entry is not a parameter
+    cases = [
+        (LlamaRMSNorm(4), "norm"), (T5LayerNorm(), "norm"), (MyGroupNorm(), None), (LayerNormBlock(), None),
+        (Conv1D(4, 3), "conv1d"), (GELUActivation(), "activation"), (Embeddings(), "parameters"),
+        (holder, "parameters"), (nn.LayerNorm(4), None), (nn.RMSNorm(4), None), (nn.Linear(3, 4), None),
+        (nn.Sequential(nn.Linear(3, 4)), None),
+    ]  # fmt: skip
+    assert [module_kind(m) for m, _ in cases] == [kind for _, kind in cases]

@@ -307,3 +307,20 @@ def test_output_modified_in_place_later_raises_a_clear_error() -> None:
             hooks.backward("features", lambda *a: None)
             m(torch.randn(1, 3, 8, 8))
     assert no_hooks(m)
+
+
+def test_a_selection_is_handed_back_as_resolved() -> None:
+    """`Selection`: pairs resolved in one walk of the model (the rule engine's, at every call), registered without
+    walking it again; an empty one names no module, like any selector that matches nothing."""
+    from hookviz.hooks import Selection
+
+    model = SeedNet()
+    pairs = [("fc1", model.fc1), ("fc2", model.fc2)]
+    assert select_modules(model, Selection(pairs)) == pairs
+    seen = []
+    with HookManager(model) as hooks:
+        hooks.forward(Selection(pairs), lambda name, m, args, out: seen.append(name), with_name=True)
+        model(torch.ones(1, 3))
+    assert seen == ["fc1", "fc2"] and hook_counts(model)["forward"] == 0
+    with pytest.raises(ValueError, match="empty"):
+        select_modules(model, Selection())

@@ -257,3 +257,25 @@ def test_attention_methods_refuse_a_model_without_attention_and_leave_it_alone(n
     with pytest.raises(ValueError, match="no attention found in ResNet"):
         cheap_method(name, model)
     assert_same(before, model)
+
+
+def test_eval_is_not_called_on_a_model_already_in_eval_mode() -> None:
+    """The life cycle calls ``model.eval()`` only when some module trains (a model's own ``train`` may do more than
+    set flags, and setting them to what they are costs a walk of the model); the flags come back either way."""
+
+    class Counting(nn.Sequential):
+        calls = 0
+
+        def train(self, mode: bool = True) -> Counting:
+            type(self).calls += 1
+            return super().train(mode)
+
+    model = Counting(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    Counting.calls = 0
+    hv.Saliency(model).attribute(torch.randn(2, 4), target=0)
+    assert Counting.calls == 0 and not any(m.training for m in model.modules())
+    model.train()
+    model[1].eval()  # mixed modes come back mixed
+    Counting.calls = 0
+    hv.Saliency(model).attribute(torch.randn(2, 4), target=0)
+    assert Counting.calls == 1 and [m.training for m in model.modules()] == [True, True, False, True]

@@ -119,3 +119,76 @@ def test_model_left_as_it_came_when_interrupted() -> None:
     assert all(p.grad is None for p in model.parameters())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     assert torch.overrides._get_current_function_mode_stack() == []  # no TorchFunctionMode left active
+
+
+# -- what the speed work changed (docs/relevance.md, "Gradient form: what it costs") ------------------------------
+class _TwoGates(nn.Module):
+    """Two gated MLPs, then the same activation type on a path that is not a gate: CP-LRP's gate guess (the second
+    gate's ratio left to a backward pass that never comes, the last SiLU's taken in that pass) must not move a value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a1, self.b1, self.a2, self.b2 = (nn.Linear(4, 4, bias=False) for _ in range(4))
+        self.act1, self.act2, self.act3 = nn.SiLU(), nn.SiLU(), nn.SiLU()
+        self.head = nn.Linear(4, 2, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act1(self.a1(x)) * self.b1(x)
+        h = self.act2(self.a2(h)) * self.b2(h)
+        return self.head(self.act3(h))
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+def test_gates_guessed_and_zero_inputs_to_activations_keep_the_values(composite: str) -> None:
+    torch.manual_seed(21)
+    model = _TwoGates().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    x[0, :] = 0.0  # the first row's activation inputs are exactly 0 (bias-free layers): the identity rule's mask
+    got, want, _ = _both(model, x, composite, 1)
+    # the relevance form with epsilon 0 divides by the zero row's zero pre-activations (NaN there): rows 1, 2 only
+    big = float(want[1:].abs().max())
+    torch.testing.assert_close(got[1:], want[1:], rtol=0, atol=1e-12 * big)  # float64 rounding
+    assert torch.equal(got[0], torch.zeros_like(got[0])) and big > 0
+
+
+def test_the_mask_where_an_activation_input_is_exactly_zero() -> None:
+    """y = w2 . gelu(W1 x) with some (W1 x)_j exactly 0: their quotient y / x is 0 / 0, and the rule passes 0 there
+    (relevance 0 either way); on the other units relevance passes unchanged. By hand: R_x = x * W1^T (R_z / z)."""
+    w1 = torch.tensor([[1.0, -1.0], [2.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    w2 = torch.tensor([[1.5, -0.5, 2.0]], dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(2, 3, bias=False), nn.GELU(), nn.Linear(3, 1, bias=False)).double().eval()
+    with torch.no_grad():
+        model[0].weight.copy_(w1)
+        model[2].weight.copy_(w2)
+    x = torch.tensor([[1.0, 1.0], [0.5, -2.0]], dtype=torch.float64)  # unit 0 of row 0 and unit 2 of both: 0
+    z = x @ w1.T
+    r_z = torch.nn.functional.gelu(z) * w2[0]  # LRP-0 at the head, then the identity rule
+    want = x * (torch.where(z == 0, 0.0, r_z / z) @ w1)
+    got = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0)).attribute(x, target=0)
+    assert (z == 0).any() and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)  # float64 rounding
+
+
+def test_the_output_is_let_go_before_the_backward_pass() -> None:
+    """A callable target's scores that are a view of the output are copied, and LRP drops the output: when the
+    backward pass reaches the input, nothing holds the logits (a language model's (N, T, V) would stay alive through
+    the pass and its gradient be allocated beside them)."""
+    import weakref
+
+    model, ids, kw = _family("llama-sdpa")
+    logits: list[weakref.ref] = []
+    seen: list[bool] = []
+
+    def target(out) -> Tensor:
+        logits.append(weakref.ref(out.logits))
+        return out.logits[:, -1, 3]  # a view
+
+    def watch(module: nn.Module, args: tuple, out) -> None:  # the first layer's output: reached late in the backward
+        (out if isinstance(out, Tensor) else out[0]).register_hook(lambda g: seen.append(logits[0]() is None))
+
+    handle = model.model.layers[0].register_forward_hook(watch)
+    try:
+        hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0), **kw).attribute(ids, target=target)
+    finally:
+        handle.remove()
+    assert seen == [True]

@@ -319,3 +319,57 @@ def test_owning_rule_takes_the_whole_call() -> None:
             model(x)
     assert seen == [("fc1", False), ("fc2", False)]
     assert engine.coverage.declined == {"layer": {"fc1": 1, "fc2": 1}, "tanh": {"torch.tanh": 1}}
+
+
+def test_bind_sdpa_binds_as_the_signature_does() -> None:
+    """`ops.bind_sdpa` binds the common calls by hand: the same names, values and order as `inspect.Signature.bind`
+    with defaults, and the same errors for calls that do not bind."""
+    import inspect
+
+    from hookviz.methods.rules.ops import _SDPA, bind_sdpa
+
+    q, k, v, m = (torch.zeros(1) for _ in range(4))
+    calls = [
+        ((q, k, v), {}),
+        ((q, k, v, m, 0.0, True), {}),
+        ((q, k), {"value": v}),
+        ((q, k, v), {"is_causal": True, "scale": 0.5}),
+        ((), {"query": q, "key": k, "value": v, "enable_gqa": True}),
+        ((q, k, v, None, 0.1, False, 2.0, True), {}),
+    ]
+    for args, kwargs in calls:
+        ref = _SDPA.bind(*args, **kwargs)
+        ref.apply_defaults()
+        got = bind_sdpa(args, kwargs)
+        assert list(got) == list(ref.arguments) and all(got[n] is ref.arguments[n] for n in got)
+    for args, kwargs in [((q, k, v), {"query": q}), ((q, k, v), {"bogus": 1}), ((q,), {}), ((q,) * 9, {})]:
+        with pytest.raises(TypeError) as err:
+            bind_sdpa(args, kwargs)
+        with pytest.raises(TypeError) as ref_err:
+            inspect.Signature.bind(_SDPA, *args, **kwargs)
+        assert str(err.value) == str(ref_err.value)
+
+
+def test_reach_memo_answers_as_a_fresh_search() -> None:
+    """`InputReach` memoises every node of a search (the path reaches the input, finished branches do not): asked in
+    any order, each answer equals a search from scratch. Graph: parameters mixed with the input at several depths."""
+    import random
+
+    from hookviz.methods.lrp.reach import InputReach
+
+    x = torch.randn(3, requires_grad=True)
+    p, q = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(3))
+    a = p * 2
+    b = (a + q).sin()  # parameters only
+    c = x * b  # reaches x
+    d = (b * q).exp() + a  # parameters only
+    e = torch.cat([c, d]).sum() * d.sum()
+    f = d.cos() * p
+    tensors = [a, b, c, d, e, f, x, p, x.detach(), torch.ones(2)]
+    want = [False, False, True, False, True, False, True, False, False, False]
+    for seed in range(20):
+        order = list(range(len(tensors)))
+        random.Random(seed).shuffle(order)
+        reach = InputReach()
+        assert [reach.depends(tensors[i]) for i in order] == [want[i] for i in order]
+        assert [InputReach().depends(t) for t in tensors] == want

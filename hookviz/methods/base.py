@@ -356,19 +356,16 @@ class Attribution:
                 "inference_mode (torch.no_grad() is fine)"
             )
         model = self.model
-        with model_lock(model), training_restored(model):  # calls on one model from several threads run one at a time
+        with model_lock(model), training_restored(model) as modes:  # calls on one model run one at a time
+            training = any(flag for _, flag in modes)
             # Train-mode forwards update BatchNorm running statistics; keep a copy to put back.
-            buffers = (
-                [(b, b.detach().clone()) for b in model.buffers()]
-                if not self.eval_mode and any(m.training for m in model.modules())
-                else []
-            )
+            buffers = [(b, b.detach().clone()) for b in model.buffers()] if not self.eval_mode and training else []
             # Parameters keep their requires_grad: freezing them would take the weight gradients of a training step
             # that another thread runs meanwhile. No weight gradient is computed anyway (the methods differentiate
             # with torch.autograd.grad w.r.t. inputs or layer outputs: the engine prunes the weight branches) and
             # none reaches .grad.
             try:
-                if self.eval_mode:
+                if self.eval_mode and training:  # a model already in eval mode everywhere is left as it is
                     model.eval()
                 with active_call(), torch.enable_grad(), HookManager(model) as hooks:
                     yield hooks

@@ -171,6 +171,9 @@ class LRP(Attribution):
         finally:
             self.rule_coverage = run.coverage
         targets = resolve_targets(target, output, x.shape[0])
+        # the output is not needed in the backward pass: a language model's logits (N, T, V) held through it take
+        # as much memory again as the gradient at them, which the backward pass then allocates fresh
+        del output
         scores = targets.scores
         # K targets run K backward passes: the rules' custom backward functions do not batch under vmap.
         if isinstance(run, GradientFormRun):

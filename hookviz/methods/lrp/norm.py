@@ -82,12 +82,13 @@ def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap
     b = getattr(module, "bias", None)
     w = w if isinstance(w, Tensor) and w.shape == x.shape[-1:] else None
     b = b if isinstance(b, Tensor) and b.shape == x.shape[-1:] else None
-    candidates = [NormMap(True, 1, w, b, eps), NormMap(False, 1, w, b, eps)]
+    forms = [lambda: NormMap(True, 1, w, b, eps), lambda: NormMap(False, 1, w, b, eps)]
     if w is not None:
-        candidates.append(NormMap(False, 1, 1 + w.detach(), b, eps))  # Gemma's RMSNorm scales by (1 + w)
+        forms.append(lambda: NormMap(False, 1, 1 + w.detach(), b, eps))  # Gemma's RMSNorm scales by (1 + w)
     known = _FORMS.get(module)
-    if known is not None and known < len(candidates):  # its form was identified at an earlier call
-        return candidates[known]
+    if known is not None and known < len(forms):  # its form was identified at an earlier call: only that one built
+        return forms[known]()
+    candidates = [form() for form in forms]
     ref = output.detach().float()
     tol = 1e-3 * float(ref.abs().max()) + 1e-5
     for i, cand in enumerate(candidates):

@@ -31,33 +31,31 @@ class InputReach:
 
     def _node_reaches(self, root: Any) -> bool:
         memo = self._reaches
-        if root in memo:
-            return memo[root]
-        stack, seen, found = [root], [], False
-        visited = {root}
-        while stack and not found:
-            node = stack.pop()
-            seen.append(node)
-            for nxt, _ in getattr(node, "next_functions", ()):
-                if nxt is None or nxt in visited:
+        known = memo.get(root)
+        if known is not None:
+            return known
+        # depth first with the path on a stack: when an input leaf is found, every node on the path reaches it; a node
+        # whose search ends without finding one does not. So each node of the pass is searched once, whichever
+        # tensor asks (memoising the root only, later questions walked the same nodes again).
+        path, branches = [root], [iter(getattr(root, "next_functions", ()))]
+        while path:
+            for nxt, _ in branches[-1]:
+                if nxt is None:
                     continue
                 known = memo.get(nxt)
+                if known is None:
+                    var = getattr(nxt, "variable", None)
+                    if var is not None:  # AccumulateGrad: a leaf, an input unless it is a parameter
+                        known = memo[nxt] = not isinstance(var, nn.Parameter)
                 if known is True:
-                    found = True
+                    for node in path:
+                        memo[node] = True
+                    return True
+                if known is None:
+                    path.append(nxt)
+                    branches.append(iter(getattr(nxt, "next_functions", ())))
                     break
-                if known is False:
-                    continue
-                var = getattr(nxt, "variable", None)
-                if var is not None:  # AccumulateGrad: a leaf
-                    if not isinstance(var, nn.Parameter):
-                        found = True
-                        break
-                    continue
-                visited.add(nxt)
-                stack.append(nxt)
-        if found:
-            memo[root] = True
-        else:  # a full search: nothing below any visited node reaches an input
-            for node in seen:
-                memo[node] = False
-        return found
+            else:  # every branch searched: nothing below reaches an input
+                memo[path.pop()] = False
+                branches.pop()
+        return False

@@ -30,6 +30,7 @@ composite names them, and which modules a transformer composite treats how.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from torch import nn
@@ -97,19 +98,32 @@ def module_kind(module: nn.Module) -> str | None:
     ``transformers.activations``), ``"parameters"`` (a container with parameters of its own: class tokens, position
     embeddings, used as constants whose relevance is absorbed like a bias's), or None.
     """
-    cls = type(module)
-    own = any(True for _ in module.parameters(recurse=False))
-    if cls.__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight"):
+    conv1d, norm, activation = _class_kind(type(module))
+    # parameters(recurse=False) and children() read from the module's own dicts: the same answers (None entries and
+    # duplicates aside, which do not change "any") without named_modules' generators; this runs on every module of
+    # every call
+    if conv1d and hasattr(module, "nf") and hasattr(module, "weight"):
         return "conv1d"
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         return None
-    if _NORM_NAME.search(cls.__name__) and not any(True for _ in module.children()) and "Group" not in cls.__name__:
+    children = any(m is not None for m in module._modules.values())
+    if norm and not children:
         return "norm"
-    if cls.__module__.startswith("transformers.activations") and not own:
+    own = any(p is not None for p in module._parameters.values())
+    if activation and not own:
         return "activation"
-    if own and any(True for _ in module.children()):
+    if own and children:
         return "parameters"
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_kind(cls: type) -> tuple[bool, bool, bool]:
+    """What a module's class name and home say (GPT-2's Conv1D, a normalisation by name, an activation of
+    ``transformers.activations``): read once per class."""
+    name = cls.__name__
+    norm = bool(_NORM_NAME.search(name)) and "Group" not in name
+    return name == "Conv1D", norm, cls.__module__.startswith("transformers.activations")
 
 
 class TransformerRules:

@@ -91,8 +91,12 @@ class Recorder:
 
     def rewritten(self, rule: str, kind: str, op: str) -> None:
         self.kind_of[op] = kind
-        self.covered.setdefault(rule, Counter())[op] += 1
-        self.by_kind.setdefault(rule, Counter({"module": 0, "functional": 0}))[kind] += 1
+        ops = self.covered.get(rule)
+        if ops is None:  # (not setdefault: that built two Counters per rewritten call)
+            ops = self.covered[rule] = Counter()
+            self.by_kind[rule] = Counter({"module": 0, "functional": 0})
+        ops[op] += 1
+        self.by_kind[rule][kind] += 1
 
     def declined_by(self, rule: str, kind: str, op: str) -> None:
         self.kind_of[op] = kind

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from ...hooks import HookManager
+from ...hooks import HookManager, Selection
 from ..scope import acting, current_call
 from .call import Call
 from .coverage import Coverage, Recorder
@@ -102,25 +102,19 @@ class RuleEngine:
 
     # -- modules ------------------------------------------------------------------------------------------------
     def _place_hooks(self) -> None:
-        watched: list[nn.Module] = []
+        watched: list[tuple[str, nn.Module]] = []
         needs_input: list[nn.Module] = []
-        for name, module in self.model.named_modules():
-            if id(module) in self._rules:
-                continue  # shared under two names: its first name, as `select_modules` gives it
+        for name, module in self.model.named_modules():  # a module shared under two names: its first name only
             hit, rule = self.table.module_entry(name, module)
             if hit:
                 self._rules[id(module)] = rule
-                watched.append(module)
+                watched.append((name, module))
                 if rule is not None and rule.needs_input:
                     needs_input.append(module)
         if not watched:
             return
         # in-place modules run out of place while the method's hooks live, so that the rule sees the input
         self.hooks.out_of_place(needs_input)
-        ids = {id(m) for m in watched}
-
-        def selected(name: str, module: nn.Module) -> bool:
-            return id(module) in ids
 
         def enter(module: nn.Module, args: tuple) -> None:
             if self.acting():
@@ -132,8 +126,9 @@ class RuleEngine:
             self.depth -= 1
             return self._module_call(name, module, args, output)
 
-        self._handles += self.hooks.forward_pre(selected, enter)
-        self._handles += self.hooks.forward(selected, leave, with_name=True, always_call=True)
+        selection = Selection(watched)  # resolved here: the hooks go on without walking the model twice more
+        self._handles += self.hooks.forward_pre(selection, enter)
+        self._handles += self.hooks.forward(selection, leave, with_name=True, always_call=True)
 
     def _module_call(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
         self._recorder.module_calls[name] += 1
@@ -214,18 +209,32 @@ class RuleEngine:
 
 
 class _Interceptor(TorchFunctionMode):
-    """The engine's function mode: every functional call of the forward pass goes to `RuleEngine._function_call`."""
+    """The engine's function mode: every functional call of the forward pass goes to `RuleEngine._function_call`,
+    except, where the table reports no unnamed call (no ``uncovered`` predicate), calls that no entry names: they run
+    as called after one set look-up (a LLaMA forward makes about 650 calls, most of them reshapes and linear layers;
+    `_function_call` would run them as called too, after its scope and depth checks)."""
 
     def __init__(self, engine: RuleEngine) -> None:
         super().__init__()
         self.engine = engine
+        self.named = engine.table.function_keys()
+        self.quiet = engine.table.uncovered is None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if self.quiet and func not in self.named:
+            return func(*args, **kwargs) if kwargs else func(*args)
         return self.engine._function_call(func, args, kwargs or {})
 
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+    # loops, not any() over a generator of a new tuple: this runs on every call a rule names
+    for a in args:
+        if isinstance(a, Tensor) and a.requires_grad:
+            return True
+    for a in kwargs.values():
+        if isinstance(a, Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 def _user_stacklevel() -> int:

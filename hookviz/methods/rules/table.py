@@ -128,6 +128,10 @@ class RuleTable:
         """(report name, rule or None) of a functional callable; None if the table does not name it."""
         return self._functions.get(func)
 
+    def function_keys(self) -> frozenset[Callable[..., Any]]:
+        """Every functional callable the table names (the engine's first look-up per call)."""
+        return frozenset(self._functions)
+
     def __repr__(self) -> str:
         rules = sorted({r.name for _, r in self._modules if r} | {r.name for _, r in self._functions.values() if r})
         return f"RuleTable({len(self._modules)} module entries, {len(self._functions)} functions, rules={rules})"
