@@ -100,6 +100,24 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.w, None
 
 
+class _HalfProduct(torch.autograd.Function):
+    """Output ``a * b`` (same shapes); backward: half the gradient to each factor (the uniform rule) in one node,
+    ``h = g / 2`` then ``h b`` and ``h a``: three products where two `_ScaleGrad` nodes and the product's own backward
+    take four (the same values: halving is exact in binary floating point)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = ctx.saved_tensors
+        h = g * 0.5
+        return h * b, h * a
+
+
 def _share(t: Tensor, w: float) -> Tensor:
     if w == 1.0:
         return t
@@ -331,6 +349,9 @@ class GradientFormRun:
         shares = self._shares(*args)
         if shares is None:
             return NotImplemented
+        a, b = args
+        if shares == (0.5, 0.5) and call.op in MUL_FUNCTIONS and a.shape == b.shape and a.dtype == b.dtype:
+            return _HalfProduct.apply(a, b)
         return call.op(*(_share(t, w) for t, w in zip(args, shares, strict=True)))
 
     def _einsum(self, call: Call) -> Any:
