@@ -225,33 +225,13 @@ class GradientFormRun:
         def rule_of(module: nn.Module) -> Rule | None:
             return comp.by_type(module, first=False)
 
-        kinds: dict[int, str | None] = {}  # this pass's table: each module classified once, not per predicate
-
-        def kind_of(module: nn.Module) -> str | None:
-            kind = kinds.get(id(module), "")
-            if kind != "":
-                return kind
-            kind = None
-            if module is self.model:
-                pass
-            elif type(module) in (nn.LayerNorm, nn.RMSNorm):
-                kind = "fused-norm"  # runs F.layer_norm / F.rms_norm: `norm`'s Function
-            else:
-                what = module_kind(module)
-                if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or what == "norm":
-                    kind = "norm"  # its calls intercepted while it runs: `open_norm`
-                elif not isinstance(module, LINEAR_LAYERS + GRADIENT_LAYERS + AVG_POOLS) and (
-                    isinstance(module, ACTIVATIONS + BATCH_NORMS) or what == "activation"
-                ):
-                    kind = "pass"
-            kinds[id(module)] = kind
-            return kind
+        def is_norm(name: str, module: nn.Module) -> bool:
+            return module is not self.model and (
+                isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm"
+            )
 
         def is_fused_norm(name: str, module: nn.Module) -> bool:
-            return kind_of(module) == "fused-norm"
-
-        def is_norm(name: str, module: nn.Module) -> bool:
-            return kind_of(module) == "norm"
+            return type(module) in (nn.LayerNorm, nn.RMSNorm) and module is not self.model
 
         def enter_norm(module: nn.Module) -> None:
             self.norms.append([module, None])
@@ -281,7 +261,9 @@ class GradientFormRun:
             return call.output
 
         def is_pass(name: str, module: nn.Module) -> bool:
-            return kind_of(module) == "pass"
+            if module is self.model or isinstance(module, LINEAR_LAYERS + GRADIENT_LAYERS + AVG_POOLS):
+                return False
+            return isinstance(module, ACTIVATIONS + BATCH_NORMS) or module_kind(module) == "activation"
 
         def norm(call: Call) -> Any:
             x = call.args[0] if call.args else None
