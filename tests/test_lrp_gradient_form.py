@@ -192,3 +192,89 @@ def test_the_output_is_let_go_before_the_backward_pass() -> None:
     finally:
         handle.remove()
     assert seen == [True]
+
+
+class HandRMSNorm(nn.Module):
+    """An RMSNorm written out in the input's own dtype (HF's casts to float32): its std is held inside its forward."""
+
+    def __init__(self, weight: Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(weight.detach().clone()), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class HandLayerNorm(nn.Module):
+    """A LayerNorm written out with ``Tensor.var`` and ``torch.sqrt`` (the variance is the call held)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, d, dtype=torch.float64))
+        self.bias = nn.Parameter(torch.linspace(-0.1, 0.1, d, dtype=torch.float64))
+        self.eps = 1e-5
+
+    def forward(self, x: Tensor) -> Tensor:
+        c = x - x.mean(-1, keepdim=True)
+        return c / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + self.eps) * self.weight + self.bias
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_norms_written_out_hold_their_std_in_their_own_forward(norm: str, composite: str, monkeypatch) -> None:
+    from hookviz.methods.lrp import gradient_form
+
+    model, x, kw = _family("llama-sdpa")
+    model = model.double()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "LlamaRMSNorm":
+                d = child.weight.shape[0]
+                setattr(parent, name, HandRMSNorm(child.weight, 1e-6) if norm == "rms" else HandLayerNorm(d))
+    fns = []
+    apply = gradient_form._NormFn.apply
+    monkeypatch.setattr(gradient_form._NormFn, "apply", lambda *a: fns.append(1) or apply(*a))
+    got, want, fast = _both(model, x, composite, _LAST["llama"], **kw)
+    assert fns == []  # the held std is the rule: no Function of its own on any normalisation
+    assert fast._gradient_form
+    big = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * big)  # float64 rounding, as above
+    assert big > 0
+
+
+def test_a_norm_computed_below_its_input_precision_keeps_the_transpose(monkeypatch) -> None:
+    """HF's RMSNorm computes in float32 in a float64 model: its transpose is taken in float64 (`_NormFn`)."""
+    from hookviz.methods.lrp import gradient_form
+
+    model, x, kw = _family("llama-sdpa")
+    model = model.double()
+    fns = []
+    apply = gradient_form._NormFn.apply
+    monkeypatch.setattr(gradient_form._NormFn, "apply", lambda *a: fns.append(1) or apply(*a))
+    got, want, _ = _both(model, x, "attn-lrp", _LAST["llama"], **kw)
+    assert len(fns) == 2 * 2 + 1  # two layers of two norms and the final norm
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))
+
+
+def test_sqrt_outside_a_norm_is_its_plain_gradient() -> None:
+    class SqrtModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3).double()
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.lin(torch.sqrt(x * x + 1.0))
+
+    torch.manual_seed(0)
+    model = SqrtModel()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    lrp = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
+    assert lrp._gradient_form
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = lrp.attribute(x, target=1)
+    # sqrt's own derivative 1 / (2 sqrt(x^2 + 1)), and the product x * x passes half the gradient to each factor
+    # (uniform rule: x, not 2x): x times the gradient is the map
+    w = model.lin.weight.detach()[1]
+    want = x * (x / (2 * torch.sqrt(x * x + 1.0))) * w
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

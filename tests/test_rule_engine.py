@@ -373,3 +373,25 @@ def test_reach_memo_answers_as_a_fresh_search() -> None:
         reach = InputReach()
         assert [reach.depends(tensors[i]) for i in order] == [want[i] for i in order]
         assert [InputReach().depends(t) for t in tensors] == want
+
+
+def test_a_module_rule_with_enter_leaves_the_calls_inside_to_the_table() -> None:
+    """`Rule.enter`: the module's functional calls are intercepted (the tanh inside the block is seen, after the
+    block's `enter` and before its rule), and the depth ends at 0."""
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x: Tensor) -> Tensor:
+            return torch.tanh(self.block(x))
+
+    seen: list[str] = []
+    spy = Rule("spy", lambda call: seen.append(call.name))
+    opened = Rule("open", lambda call: seen.append(call.name), enter=lambda m: seen.append(f"enter {type(m).__name__}"))
+    table = RuleTable().modules(Block, opened).functions({torch.tanh: "torch.tanh"}, spy)
+    _, engine = _grad(Outer(), table, torch.randn(2, 3))
+    assert seen == ["enter Block", "torch.tanh", "block", "torch.tanh"]
+    assert engine.coverage.covered == {"spy": {"torch.tanh": 2}, "open": {"block": 1}}
+    assert engine.depth == 0

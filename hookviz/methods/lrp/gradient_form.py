@@ -53,6 +53,18 @@ _ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.sigmoid: "F.sigmoid",
 }
 _NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
+# the std of a normalisation written out (HF's RMSNorm: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``):
+# inside a normalisation module its result is detached, so that the module's own gradient is the identity rule's
+_STD_FUNCTIONS: dict[Callable[..., Any], str] = {
+    torch.rsqrt: "torch.rsqrt",
+    Tensor.rsqrt: "Tensor.rsqrt",
+    torch.sqrt: "torch.sqrt",
+    Tensor.sqrt: "Tensor.sqrt",
+    torch.std: "torch.std",
+    Tensor.std: "Tensor.std",
+    torch.var: "torch.var",
+    Tensor.var: "Tensor.var",
+}
 
 
 def gradient_form_allowed(composite: Composite) -> bool:
@@ -86,6 +98,24 @@ class _ScaleGrad(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:
         return g * ctx.w, None
+
+
+class _HalfProduct(torch.autograd.Function):
+    """Output ``a * b`` (same shapes); backward: half the gradient to each factor (the uniform rule) in one node,
+    ``h = g / 2`` then ``h b`` and ``h a``: three products where two `_ScaleGrad` nodes and the product's own backward
+    take four (the same values: halving is exact in binary floating point)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor]:
+        a, b = ctx.saved_tensors
+        h = g * 0.5
+        return h * b, h * a
 
 
 def _share(t: Tensor, w: float) -> Tensor:
@@ -183,6 +213,10 @@ class GradientFormRun:
         self.gates: dict[int, tuple[weakref.ref[Tensor], object]] = {}
         self.gate_keys: set[object] = set()  # the activations whose outputs were gates in this pass
         self.coverage: Coverage | None = None
+        # the normalisation modules running now (innermost last), each with how its rule was applied inside it:
+        # None (not yet), a dtype (its std held constant by `_std`, taken in that dtype), "function" (F.layer_norm /
+        # F.rms_norm's rule)
+        self.norms: list[list[Any]] = []
 
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
@@ -195,6 +229,36 @@ class GradientFormRun:
             return module is not self.model and (
                 isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm"
             )
+
+        def is_fused_norm(name: str, module: nn.Module) -> bool:
+            return type(module) in (nn.LayerNorm, nn.RMSNorm) and module is not self.model
+
+        def enter_norm(module: nn.Module) -> None:
+            self.norms.append([module, None])
+
+        def open_norm(call: Call) -> Any:
+            """A normalisation module whose calls were intercepted while it ran: where its std was taken by a call
+            `_STD_FUNCTIONS` names (or it called ``F.layer_norm`` / ``F.rms_norm``, whose rule ran), its output's own
+            gradient is the identity rule's, and nothing is added; else `norm`'s Function. A std held constant is
+            accepted where the module's output is a LayerNorm / RMSNorm of its input (checked at its first call,
+            as in `norm`)."""
+            held = None
+            if self.norms and self.norms[-1][0] is call.op:
+                held = self.norms.pop()[1]
+            if held is None:
+                return norm(call)
+            if held == "function":
+                return call.output
+            x = call.args[0] if call.args else None
+            if not (isinstance(x, Tensor) and isinstance(call.output, Tensor)):
+                return None
+            if x.is_floating_point() and torch.finfo(held).eps > torch.finfo(x.dtype).eps:
+                # computed in a lower precision than its input (HF's RMSNorm in float32 in a float64 model): the
+                # module's own gradient would be too; the map's transpose is taken in the input's precision
+                return norm(call)
+            assert isinstance(call.op, nn.Module)
+            norm_map(call.name, call.op, x.detach(), call.output)  # raises for a module no form reproduces
+            return call.output
 
         def is_pass(name: str, module: nn.Module) -> bool:
             if module is self.model or isinstance(module, LINEAR_LAYERS + GRADIENT_LAYERS + AVG_POOLS):
@@ -228,7 +292,8 @@ class GradientFormRun:
 
         return (
             RuleTable(uncovered=None)
-            .modules(is_norm, owned("identity-norm", norm))
+            .modules(is_fused_norm, owned("identity-norm", norm))
+            .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
             .functions(MATMUL_FUNCTIONS, owned("product", self._product))
             .functions(MUL_FUNCTIONS, owned("product", self._product))
@@ -238,6 +303,7 @@ class GradientFormRun:
             .functions({SDPA: "F.scaled_dot_product_attention"}, owned("attention", self._sdpa))
             .functions({MHA: "F.multi_head_attention_forward"}, owned("attention", self._mha))
             .functions(_NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
+            .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
         )
 
@@ -283,6 +349,9 @@ class GradientFormRun:
         shares = self._shares(*args)
         if shares is None:
             return NotImplemented
+        a, b = args
+        if shares == (0.5, 0.5) and call.op in MUL_FUNCTIONS and a.shape == b.shape and a.dtype == b.dtype:
+            return _HalfProduct.apply(a, b)
         return call.op(*(_share(t, w) for t, w in zip(args, shares, strict=True)))
 
     def _einsum(self, call: Call) -> Any:
@@ -369,10 +438,22 @@ class GradientFormRun:
         return (out.squeeze(1) if unbatched else out), weights
 
     # -- normalisations and activations as functions ------------------------------------------------------------
+    def _std(self, call: Call) -> Any:
+        """Inside a normalisation module: the std (or 1/std, or the variance) held constant. Elsewhere: run as
+        called (its plain gradient)."""
+        if not self.norms:
+            return NotImplemented
+        out = call.op(*call.args, **call.kwargs)
+        if self.norms[-1][1] is None:
+            self.norms[-1][1] = out.dtype if out.is_floating_point() else torch.float64
+        return out.detach()
+
     def _norm_function(self, call: Call) -> Any:
         x = call.args[0] if call.args else call.kwargs.get("input")
         if not self.reach.depends(x):
             return NotImplemented
+        if self.norms:
+            self.norms[-1][1] = "function"  # the module calling it adds nothing
         out = call.op(*call.args, **call.kwargs)
         names = ("input", "normalized_shape", "weight", "bias", "eps")
         if call.op is F.rms_norm:
@@ -410,5 +491,6 @@ class GradientFormRun:
         finally:
             self.gates.clear()
             self.gate_keys.clear()
+            self.norms.clear()
             self.reach.clear()
             self.coverage = engine.coverage

@@ -12,7 +12,9 @@ its backward a rule. The pieces:
   the rule, or a tensor hook on the output), ``needs_input`` (in-place calls then run out of place, their result
   written back; in-place modules are switched out of place for the call) and ``owns_call`` (the rule takes the whole
   call: every module call, also without a gradient; functional calls before the operation runs, the rule computing
-  it; `NotImplemented` leaves a call to the engine as an uncovered one).
+  it; `NotImplemented` leaves a call to the engine as an uncovered one) and, for module rules, ``enter`` (called
+  when the module's call starts; the functional calls inside it then reach the table instead of passing untouched:
+  LRP's gradient form holds a normalisation's std constant inside the module's own computation).
 - `Call` (``call.py``): what a rule receives: the module or function, its name, arguments, output, the method's
   `HookManager`, whether the engine split an in-place call, which call of that operation it is.
 - `RuleEngine` (``engine.py``): module hooks through the method's `HookManager` and a `TorchFunctionMode` during

@@ -103,14 +103,17 @@ class RuleEngine:
     # -- modules ------------------------------------------------------------------------------------------------
     def _place_hooks(self) -> None:
         watched: list[tuple[str, nn.Module]] = []
+        open_: list[tuple[str, nn.Module]] = []  # modules whose rule has `enter`: their functional calls intercepted
         needs_input: list[nn.Module] = []
         for name, module in self.model.named_modules():  # a module shared under two names: its first name only
             hit, rule = self.table.module_entry(name, module)
             if hit:
                 self._rules[id(module)] = rule
-                watched.append((name, module))
+                (open_ if rule is not None and rule.enter is not None else watched).append((name, module))
                 if rule is not None and rule.needs_input:
                     needs_input.append(module)
+        if open_:
+            self._place_open_hooks(open_)
         if not watched:
             return
         # in-place modules run out of place while the method's hooks live, so that the rule sees the input
@@ -127,6 +130,20 @@ class RuleEngine:
             return self._module_call(name, module, args, output)
 
         selection = Selection(watched)  # resolved here: the hooks go on without walking the model twice more
+        self._handles += self.hooks.forward_pre(selection, enter)
+        self._handles += self.hooks.forward(selection, leave, with_name=True, always_call=True)
+
+    def _place_open_hooks(self, modules: list[tuple[str, nn.Module]]) -> None:
+        def enter(module: nn.Module, args: tuple) -> None:
+            if self.acting():
+                rule = self._rules[id(module)]
+                assert rule is not None and rule.enter is not None
+                rule.enter(module)
+
+        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+            return self._module_call(name, module, args, output) if self.acting() else None
+
+        selection = Selection(modules)
         self._handles += self.hooks.forward_pre(selection, enter)
         self._handles += self.hooks.forward(selection, leave, with_name=True, always_call=True)
 

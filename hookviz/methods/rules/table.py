@@ -44,12 +44,17 @@ class Rule:
             operation itself, in-place variants included, and returns the output, or `NotImplemented` to leave the
             call to the engine as if no entry named it (run as called, or ``call.output`` if the rule set it, and
             reported through the table's ``uncovered`` predicate). `needs_input` has no effect on functional calls.
+        enter: module rules only: ``(module) -> None``, called when a call of the module starts; the functional
+            calls inside it are then intercepted as usual instead of passing untouched (the rule's table entries
+            for functions can act on them: LRP holds a normalisation's std constant inside the module's own
+            computation). `apply` still receives the call when it ends.
     """
 
     name: str
     apply: Callable[[Call], Any]
     needs_input: bool = False
     owns_call: bool = False
+    enter: Callable[[nn.Module], None] | None = None
 
 
 class RuleTable:
