@@ -133,15 +133,18 @@ class Block(nn.Module):
         return torch.tanh(x) * 2
 
 
+class Outer(nn.Module):
+    """A tanh after a hooked block that calls tanh itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.block(x))
+
+
 def test_functional_calls_inside_a_hooked_module_are_not_seen_twice() -> None:
-    class Outer(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = Block()
-
-        def forward(self, x: Tensor) -> Tensor:
-            return torch.tanh(self.block(x))
-
     seen: list[str] = []
     rule = Rule("spy", lambda call: seen.append(call.name))
     table = RuleTable().modules(Block, rule).functions({torch.tanh: "torch.tanh"}, rule)
@@ -378,14 +381,6 @@ def test_reach_memo_answers_as_a_fresh_search() -> None:
 def test_a_module_rule_with_enter_leaves_the_calls_inside_to_the_table() -> None:
     """`Rule.enter`: the module's functional calls are intercepted (the tanh inside the block is seen, after the
     block's `enter` and before its rule), and the depth ends at 0."""
-
-    class Outer(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = Block()
-
-        def forward(self, x: Tensor) -> Tensor:
-            return torch.tanh(self.block(x))
 
     seen: list[str] = []
     spy = Rule("spy", lambda call: seen.append(call.name))
