@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import _load_weights
+from .model import shipped
 from .retrieval import BOS_ID, EOS_ID, PAD_ID, VOCAB, Retrieval
 from .tokenizer import RetrievalTokenizer
 from .vit import Attention, Mlp
@@ -212,11 +212,12 @@ def retrieval_lm(weights: bool = True) -> tuple[RetrievalLM, RetrievalTokenizer]
     safetensors (plain tensors, no unpickling) after their sha256 is checked against `LM_WEIGHTS_SHA256`.
     ``weights=False`` gives an untrained model (seeded initialisation is up to the caller: ``torch.manual_seed``).
     """
-    if not isinstance(weights, bool):
-        raise TypeError(f"weights must be True (the shipped weights) or False (untrained), got {weights!r}")
-    model = RetrievalLM()
-    if weights:
-        model.load_state_dict(
-            _load_weights(LM_WEIGHTS_FILE, LM_WEIGHTS_SHA256, "retrieval LM", "python -m hookviz.zoo.train --model lm")
-        )
-    return model.eval(), RetrievalTokenizer()
+    model = shipped(
+        RetrievalLM,
+        weights,
+        LM_WEIGHTS_FILE,
+        LM_WEIGHTS_SHA256,
+        "retrieval LM",
+        "python -m hookviz.zoo.train --model lm",
+    )
+    return model, RetrievalTokenizer()

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import safetensors.torch
 import torch
@@ -16,6 +18,8 @@ from torch import Tensor, nn
 
 from ..images import Preset
 from .data import CLASSES, Shapes
+
+M = TypeVar("M", bound=nn.Module)
 
 WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_cnn.safetensors"
 WEIGHTS_SHA256 = "ee9d35a2f7c96f62b2107a23f5cb29ae9f4ca8503ae2af9cbf1d09c9bfb41714"
@@ -74,11 +78,24 @@ def shapes_model(weights: bool = True) -> ShapesCNN:
     no unpickling) after their sha256 is checked against `WEIGHTS_SHA256`. ``weights=False`` gives an untrained
     model (seeded initialisation is up to the caller: ``torch.manual_seed``).
     """
+    return shipped(ShapesCNN, weights, WEIGHTS_FILE, WEIGHTS_SHA256)
+
+
+def shipped(
+    build: Callable[[], M],
+    weights: object,
+    path: Path,
+    sha256: str,
+    what: str = "shapes model",
+    rebuild: str = "python -m hookviz.zoo.train",
+) -> M:
+    """A zoo model from `build`, in eval mode, with the weights shipped in `path` loaded when `weights` is True
+    (`_load_weights`: sha256 checked, nothing unpickled); `weights` is checked before anything is built."""
     if not isinstance(weights, bool):
         raise TypeError(f"weights must be True (the shipped weights) or False (untrained), got {weights!r}")
-    model = ShapesCNN()
+    model = build()
     if weights:
-        model.load_state_dict(_load_weights(WEIGHTS_FILE, WEIGHTS_SHA256))
+        model.load_state_dict(_load_weights(path, sha256, what, rebuild))
     return model.eval()
 
 

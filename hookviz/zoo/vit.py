@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..images import Preset
 from .data import CLASSES
-from .model import _load_weights
+from .model import shipped
 
 VIT_WEIGHTS_FILE = Path(__file__).resolve().parent / "shapes_vit.safetensors"
 VIT_WEIGHTS_SHA256 = "b1e8b54460323816e909c5d8fbd47dc52ac0d996de423cbeafc1bec36d280e1c"
@@ -183,11 +183,11 @@ def shapes_vit(weights: bool = True) -> ShapesViT:
     `VIT_WEIGHTS_SHA256`. ``weights=False`` gives an untrained model (seeded initialisation is up to the caller:
     ``torch.manual_seed``).
     """
-    if not isinstance(weights, bool):
-        raise TypeError(f"weights must be True (the shipped weights) or False (untrained), got {weights!r}")
-    model = ShapesViT()
-    if weights:
-        model.load_state_dict(
-            _load_weights(VIT_WEIGHTS_FILE, VIT_WEIGHTS_SHA256, "shapes ViT", "python -m hookviz.zoo.train --model vit")
-        )
-    return model.eval()
+    return shipped(
+        ShapesViT,
+        weights,
+        VIT_WEIGHTS_FILE,
+        VIT_WEIGHTS_SHA256,
+        "shapes ViT",
+        "python -m hookviz.zoo.train --model vit",
+    )
