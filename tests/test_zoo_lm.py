@@ -11,6 +11,7 @@ import pickle
 import pytest
 import safetensors.torch
 import torch
+from zoo_training import trained_twice
 
 from hookviz import zoo
 from hookviz.zoo import lm as zoo_lm
@@ -278,16 +279,8 @@ def test_corrupted_or_missing_lm_weights_are_refused(tmp_path, monkeypatch) -> N
 
 
 def test_training_a_tiny_lm_is_reproducible(tmp_path, capsys) -> None:
-    out = tmp_path / "lm.safetensors"
     args = ["--model", "lm", "--epochs", "1", "--per-epoch", "128", "--fresh", "16"]  # two steps of 64 sequences
-    assert zoo.main(["--out", str(out), *args]) == 0
-    printed = capsys.readouterr().out
-    sha = hashlib.sha256(out.read_bytes()).hexdigest()
-    assert f"sha256 {sha}" in printed and "accuracy on a fresh split (16 prompts, seed 0):" in printed
-    again = tmp_path / "sub" / "other.safetensors"
-    assert zoo.main(["--out", str(again), *args]) == 0
-    assert again.read_bytes() == out.read_bytes()  # seeded: the same bytes, whatever the file's name
-    state = safetensors.torch.load_file(out)
+    out, state = trained_twice(tmp_path, capsys, args, "16 prompts")
     assert {v.dtype for v in state.values()} == {torch.float16}
     model = zoo.RetrievalLM()
     model.load_state_dict({k: v.float() for k, v in state.items()})

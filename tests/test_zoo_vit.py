@@ -13,6 +13,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from zoo_training import trained_twice
 
 import hookviz as hv
 from hookviz import zoo
@@ -175,16 +176,8 @@ def test_corrupted_or_missing_vit_weights_are_refused(tmp_path, monkeypatch) -> 
 
 
 def test_training_a_tiny_vit_is_reproducible(tmp_path, capsys) -> None:
-    out = tmp_path / "v.safetensors"
     args = ["--model", "vit", "--epochs", "1", "--per-epoch", "48", "--fresh", "16"]
-    assert zoo.main(["--out", str(out), *args]) == 0
-    printed = capsys.readouterr().out
-    sha = hashlib.sha256(out.read_bytes()).hexdigest()
-    assert f"sha256 {sha}" in printed and "accuracy on a fresh split (16 images, seed 0):" in printed
-    again = tmp_path / "sub" / "other.safetensors"
-    assert zoo.main(["--out", str(again), *args]) == 0
-    assert again.read_bytes() == out.read_bytes()  # seeded: the same bytes, whatever the file's name
-    state = safetensors.torch.load_file(out)
+    out, state = trained_twice(tmp_path, capsys, args, "16 images")
     assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float16}
     model = zoo.ShapesViT()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
