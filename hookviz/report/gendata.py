@@ -12,17 +12,15 @@ step scores are JSON numbers: a float32 read as a float64 and written by `json` 
 
 from __future__ import annotations
 
-import base64
 import math
-import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..generation import GenerationExplanation
+from . import planes
 from .pages import script_call
 
 #: prompts per scores file: a detail view loads one file of this many prompts
@@ -88,16 +86,13 @@ def encode(scores: Tensor) -> dict[str, Any]:
     """A (G, S) score matrix -> {"dtype", "z"}: its bytes as deflated byte planes, base64 (module docstring)."""
     kind, little, dtype = _DTYPES.get(scores.dtype, _F4)  # float16 / bfloat16 widen to float32 exactly
     raw = scores.detach().to("cpu", dtype).contiguous().numpy().astype(little)
-    planes = raw.view("u1").reshape(-1, raw.itemsize).T.tobytes()
-    return {"dtype": kind, "z": base64.b64encode(zlib.compress(planes, 6)).decode("ascii")}
+    return {"dtype": kind, "z": planes.pack(raw, 6)}
 
 
 def decode(record: dict[str, Any], shape: tuple[int, int]) -> Tensor:
     """The inverse of `encode`, bit for bit: a (G, S) float32 (or float64) tensor."""
     little, dtype = {"f4": ("<f4", torch.float32), "f8": ("<f8", torch.float64)}[record["dtype"]]
-    size = np.dtype(little).itemsize
-    planes = np.frombuffer(zlib.decompress(base64.b64decode(record["z"])), dtype="u1")
-    values = planes.reshape(size, -1).T.copy().view(little).reshape(shape)
+    values = planes.unpack(record["z"], little).reshape(shape)
     return torch.from_numpy(values.astype(little[1:])).to(dtype)
 
 

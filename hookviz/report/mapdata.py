@@ -17,9 +17,7 @@ stretch a narrow part of a gradient map's range over the whole colour map (docs/
 
 from __future__ import annotations
 
-import base64
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .. import display as _display
+from . import planes
 from .stores import Column
 
 #: items per script file: a detail view loads one file of this many items' maps
@@ -54,23 +53,17 @@ def encode(maps: Tensor) -> dict[str, Any]:
     safe = torch.where(step > 0, step, torch.ones_like(step))
     lo = torch.where(step > 0, torch.floor(lo / safe) * safe, lo)  # constant map: step 0, every code 0
     codes = ((flat - lo[:, None]) / safe[:, None]).round().clamp(0, 65535).to(torch.int32)
-    raw = codes.numpy().astype("<u2").ravel()
-    planes = (raw >> 8).astype("u1").tobytes() + (raw & 0xFF).astype("u1").tobytes()
     return {
         "shape": list(maps.shape[1:]),
         "lo": [float(v) for v in lo.tolist()],
         "step": [float(v) for v in step.tolist()],
-        "z": base64.b64encode(zlib.compress(planes, 1)).decode("ascii"),
+        "z": planes.pack(codes.numpy().astype(">u2"), 1),  # big-endian: the high bytes' plane first
     }
 
 
 def decode(record: dict[str, Any]) -> Tensor:
     """The inverse of `encode` (within step / 2), computed in float64 as the page does: (n, C, h, w) float32."""
-    import numpy as np
-
-    planes = np.frombuffer(zlib.decompress(base64.b64decode(record["z"])), dtype="u1")
-    half = planes.shape[0] // 2
-    codes = torch.from_numpy(planes[:half].astype("float64") * 256 + planes[half:])
+    codes = torch.from_numpy(planes.unpack(record["z"], ">u2").astype("float64"))
     lo, step = torch.tensor(record["lo"], dtype=torch.float64), torch.tensor(record["step"], dtype=torch.float64)
     n = lo.shape[0]
     return (lo[:, None] + codes.reshape(n, -1) * step[:, None]).float().reshape(n, *record["shape"])
