@@ -31,6 +31,7 @@ from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
 from .attention import MHA, SDPA, mha_heads
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .held_attention import held_attention
 from .norm import NormMap, norm_map
 from .reach import InputReach
 from .rules import Epsilon, Gradient, Norm, Pass, Rule
@@ -400,6 +401,28 @@ class GradientFormRun:
         wq, wk = (0.5, 0.5) if dq and dk else (1.0, 1.0)
         return _share(q, wp * wq), _share(k, wp * wk), _share(v, wv)
 
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """The fused call on q, k, v with their shares (`_qkv`); CP-LRP's held q and k as `held_attention` where
+        it applies (its backward pass forms only v's gradient)."""
+        if self.cp:
+            out = held_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            if out is not None:
+                return out
+        return SDPA(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa,
+        )  # fmt: skip
+
     def _sdpa(self, call: Call) -> Any:
         a = bind_sdpa(call.args, call.kwargs)
         q, k, v = a["query"], a["key"], a["value"]
@@ -407,7 +430,7 @@ class GradientFormRun:
         if not any(self.reach.depends(t) for t in (v, q, k)):
             return NotImplemented
         a["query"], a["key"], a["value"] = self._qkv(q, k, v)
-        return SDPA(**a)
+        return self._attend(**a)
 
     def _mha(self, call: Call) -> Any:
         """``F.multi_head_attention_forward`` written out (projections, then sdpa with the shares), as PyTorch
@@ -421,7 +444,7 @@ class GradientFormRun:
         d = e // h
         dropout = a["dropout_p"] if a["training"] else 0.0
         qs, ks, vs = self._qkv(q, k, v)
-        o = SDPA(qs, ks, vs, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        o = self._attend(qs, ks, vs, mask, dropout, causal)
         o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
         out = F.linear(o, a["out_proj_weight"], a["out_proj_bias"])
         weights = None
