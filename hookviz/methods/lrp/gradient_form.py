@@ -33,6 +33,7 @@ from .attention import MHA, SDPA, mha_heads
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .held_attention import held_attention
 from .norm import NormMap, norm_map
+from .output_rows import output_layer, rows_reached
 from .reach import InputReach
 from .rules import Epsilon, Gradient, Norm, Pass, Rule
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
@@ -291,8 +292,21 @@ class GradientFormRun:
         def owned(name: str, fn: Callable[[Call], Any]) -> EngineRule:
             return EngineRule(name, fn, owns_call=True)
 
+        out_layer = output_layer(self.model)
+
+        def is_output(name: str, module: nn.Module) -> bool:
+            return module is out_layer
+
+        def output_rows(call: Call) -> Any:
+            h = call.args[0] if call.args else None
+            if not (isinstance(h, Tensor) and isinstance(call.output, Tensor) and self.reach.depends(h)):
+                return None
+            assert out_layer is not None
+            return rows_reached(h, out_layer, call.output)
+
         return (
             RuleTable(uncovered=None)
+            .modules(is_output, owned("linear (output rows)", output_rows))
             .modules(is_fused_norm, owned("identity-norm", norm))
             .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
