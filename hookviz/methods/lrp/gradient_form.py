@@ -181,21 +181,23 @@ class _NormFn(torch.autograd.Function):
     """Output: a normalisation's output; backward: the transpose of the map with 1/std held constant (`NormMap`).
     The std is taken in the forward pass and kept, (..., 1), not the input: the floor keeps the input (its own
     backward needs it), `lxt`'s rewritten norms keep nothing that size, and the std costs the same to take here as
-    in the backward pass."""
+    in the backward pass. Given `rstd` (1/std as ``torch.native_layer_norm`` computed it with the output), that is
+    kept instead and nothing is taken again."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], nm: NormMap) -> Tensor:
-        ctx.save_for_backward(nm.sigma(x))
-        ctx.nm = nm
+    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], nm: NormMap, rstd: Tensor | None = None) -> Tensor:
+        ctx.save_for_backward(nm.sigma(x) if rstd is None else rstd)
+        ctx.nm, ctx.rstd = nm, rstd is not None
         return ybox[0]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
-        (sigma,) = ctx.saved_tensors
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:
+        (scale,) = ctx.saved_tensors
         nm = ctx.nm
         gf = g.float() if g.dtype in (torch.float16, torch.bfloat16) else g
-        return nm.transpose(gf, sigma).to(g.dtype), None, None
+        h = nm.transpose_rstd(gf, scale) if ctx.rstd else nm.transpose(gf, scale)
+        return h.to(g.dtype), None, None, None
 
 
 class GradientFormRun:
@@ -231,9 +233,6 @@ class GradientFormRun:
             return module is not self.model and (
                 isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm"
             )
-
-        def is_fused_norm(name: str, module: nn.Module) -> bool:
-            return type(module) in (nn.LayerNorm, nn.RMSNorm) and module is not self.model
 
         def enter_norm(module: nn.Module) -> None:
             self.norms.append([module, None])
@@ -307,7 +306,6 @@ class GradientFormRun:
         return (
             RuleTable(uncovered=None)
             .modules(is_output, owned("linear (output rows)", output_rows))
-            .modules(is_fused_norm, owned("identity-norm", norm))
             .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
             .functions(MATMUL_FUNCTIONS, owned("product", self._product))
@@ -486,22 +484,29 @@ class GradientFormRun:
         return out.detach()
 
     def _norm_function(self, call: Call) -> Any:
+        """``F.layer_norm`` / ``F.rms_norm`` (``nn.LayerNorm`` / ``nn.RMSNorm`` call them) with 1/std held constant.
+        A float32 / float64 layer norm runs as ``torch.native_layer_norm``, whose 1/std the rule keeps: nothing is
+        taken again and no graph of the call's own is built."""
         x = call.args[0] if call.args else call.kwargs.get("input")
         if not self.reach.depends(x):
             return NotImplemented
         if self.norms:
             self.norms[-1][1] = "function"  # the module calling it adds nothing
-        out = call.op(*call.args, **call.kwargs)
-        names = ("input", "normalized_shape", "weight", "bias", "eps")
-        if call.op is F.rms_norm:
-            names = ("input", "normalized_shape", "weight", "eps")
+        layer = call.op is F.layer_norm
+        names = ("input", "normalized_shape", "weight", "bias", "eps") if layer else ("input", "normalized_shape",
+                                                                                      "weight", "eps")  # fmt: skip
         a = dict(zip(names, call.args, strict=False)) | call.kwargs
         shape = a["normalized_shape"]
         dims = 1 if isinstance(shape, int) else len(shape)
         eps = a.get("eps")
-        eps = float(torch.finfo(x.dtype).eps) if eps is None else float(eps)
-        nm = NormMap(call.op is F.layer_norm, dims, a.get("weight"), a.get("bias"), eps)
-        return _NormFn.apply(x, (out,), nm)
+        eps = (1e-5 if layer else float(torch.finfo(x.dtype).eps)) if eps is None else float(eps)
+        nm = NormMap(layer, dims, a.get("weight"), a.get("bias"), eps)
+        if layer and x.dtype in (torch.float32, torch.float64) and set(a) <= set(names):
+            with torch.no_grad():
+                w, b = a.get("weight"), a.get("bias")
+                out, _, rstd = torch.native_layer_norm(x, [shape] if isinstance(shape, int) else list(shape), w, b, eps)
+            return _NormFn.apply(x, (out,), nm, rstd)
+        return _NormFn.apply(x, (call.op(*call.args, **call.kwargs),), nm)
 
     def _activation(self, call: Call) -> Any:
         x = call.args[0] if call.args else call.kwargs.get("input")

@@ -57,7 +57,13 @@ class NormMap:
 
     def transpose(self, g: Tensor, sigma: Tensor) -> Tensor:
         """``A^T g``: the gradient of the map (std constant) applied to `g`."""
-        h = g / sigma
+        return self._transpose_scaled(g / sigma)
+
+    def transpose_rstd(self, g: Tensor, rstd: Tensor) -> Tensor:
+        """`transpose` given 1/std (what ``torch.native_layer_norm`` returns) instead of the std."""
+        return self._transpose_scaled(g * rstd)
+
+    def _transpose_scaled(self, h: Tensor) -> Tensor:
         if self.weight is not None:
             h = h * self.weight
         if self.centre:
