@@ -109,3 +109,24 @@ def test_lrp_maps_equal_those_without_it(family: str, composite: str, monkeypatc
     want = hv.LRP(model, comp, **kw).attribute(ids, target=target)
     # one non-zero column per sample (one token at the last position): each sum is one product, as in the full one
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+def test_the_relevance_form_takes_the_same_product(composite: str, monkeypatch) -> None:
+    """Default stabilizers (the relevance form, each rule its own Function): the output layer's epsilon rule takes
+    its product over the reached rows and columns; the map equals the one without."""
+    import hookviz.methods.lrp.output_rows as output_rows
+    import hookviz.methods.lrp.propagate as propagate
+
+    model, ids, kw = _family("llama-sdpa")
+    model = model.double()
+    used = []
+    real = output_rows.product
+    monkeypatch.setattr(output_rows, "product", lambda *a: used.append(1) or real(*a))
+    lrp = hv.LRP(model, composite, **kw)
+    assert not lrp._gradient_form
+    got = lrp.attribute(ids, target=_LAST["llama"])
+    assert used, "the output layer's product did not run"
+    monkeypatch.setattr(propagate, "output_layer", lambda model: None)
+    want = hv.LRP(model, composite, **kw).attribute(ids, target=_LAST["llama"])
+    assert torch.equal(got, want)

@@ -9,6 +9,7 @@ is taken over the rows and columns of g that hold a non-zero value: the same sum
 equal to the full product to float rounding (exactly where one column is non-zero). A NaN counts as non-zero;
 an infinite weight met by a zero gradient gives 0 here where the full product gives NaN.
 
+The relevance form (stabilizers above 0) takes the same product for the output layer's rule (`rules.Affine.rows`).
 On the CPU only: finding the rows reads g once (0.4 ms for 128 x 32,000), where on an accelerator the index of the
 rows would wait for the device."""
 
@@ -47,31 +48,30 @@ class _OutputRows(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
         (weight,) = ctx.saved_tensors
-        w = weight.detach().to(g.dtype)
-        g2 = g.reshape(-1, g.shape[-1])
-        if g2.device.type != "cpu" or g2.numel() == 0:
-            return (g2 @ w).view(ctx.shape), None, None
-        rows = _nonzero(g2, 1)
-        if rows.numel() == 0:
-            return g2.new_zeros(ctx.shape), None, None
-        all_rows = rows.numel() > g2.shape[0] // 2  # most rows reached: all of them taken
-        part = g2 if all_rows else g2.index_select(0, rows)
-        cols = _nonzero(part, 0)
-        if cols.numel() <= part.shape[1] // 2:
-            part, w = part.index_select(1, cols), w.index_select(0, cols)
-        elif all_rows:
-            return (g2 @ w).view(ctx.shape), None, None
-        if all_rows:
-            return (part @ w).view(ctx.shape), None, None
-        out = g2.new_zeros(g2.shape[0], w.shape[1])
-        out.index_copy_(0, rows, part @ w)
-        return out.view(ctx.shape), None, None
-        part = g2.index_select(0, rows)
-        cols = _nonzero(part, 0)
-        if cols.numel() <= part.shape[1] // 2:
-            part, w = part.index_select(1, cols), w.index_select(0, cols)
-        out.index_copy_(0, rows, part @ w)
-        return out.view(ctx.shape), None, None
+        return product(g, weight.detach().to(g.dtype)).view(ctx.shape), None, None
+
+
+def product(g: Tensor, w: Tensor) -> Tensor:
+    """``g @ w`` over the rows and columns of `g` that hold a non-zero value (see the module docstring); the plain
+    product off the CPU or where most rows and columns hold one. g: (..., V); w: (V, H); returns (..., H)."""
+    g2 = g.reshape(-1, g.shape[-1])
+    if g2.device.type != "cpu" or g2.numel() == 0:
+        return g @ w
+    rows = _nonzero(g2, 1)
+    if rows.numel() == 0:
+        return g2.new_zeros(*g.shape[:-1], w.shape[1])
+    all_rows = rows.numel() > g2.shape[0] // 2  # most rows reached: all of them taken
+    part = g2 if all_rows else g2.index_select(0, rows)
+    cols = _nonzero(part, 0)
+    if cols.numel() <= part.shape[1] // 2:
+        part, w = part.index_select(1, cols), w.index_select(0, cols)
+    elif all_rows:
+        return g @ w
+    if all_rows:
+        return (part @ w).view(*g.shape[:-1], w.shape[1])
+    out = g2.new_zeros(g2.shape[0], w.shape[1])
+    out.index_copy_(0, rows, part @ w)
+    return out.view(*g.shape[:-1], w.shape[1])
 
 
 def _nonzero(t: Tensor, dim: int) -> Tensor:

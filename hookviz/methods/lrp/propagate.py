@@ -45,6 +45,7 @@ from ..rules import Rule as EngineRule
 from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
+from .output_rows import output_layer
 from .reach import InputReach
 from .rulecall import Kept, Recompute, _PassFn, value
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
@@ -228,6 +229,7 @@ class LRPRun:
     def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool) -> None:
         self.model = model
         self.composite = composite
+        self.out_layer = output_layer(model)  # its rule's product skips g's zero rows and columns
         self.hooks = hooks
         self.canonize = canonize
         # a BatchNorm is folded into the layer before it (`fold`), which needs that layer's input as the graph has it:
@@ -383,6 +385,7 @@ class LRPRun:
                 raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
             call = _Call(self.entry(name, rule), rule, self.keep(x), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
+            call.layer.rows = module is self.out_layer
             out = _LinearFn.apply(x, (output.detach(),), call)
             if self.folds:
                 call.graph_x = x

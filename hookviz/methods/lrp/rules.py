@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import output_rows
+
 
 def stabilize(z: Tensor, epsilon: float = 1e-6) -> Tensor:
     """``z + epsilon * sign(z)`` with ``sign(0) = +1`` (zennit's ``stabilize``): the denominator of every rule.
@@ -62,6 +64,8 @@ class Affine:
     weight: Tensor
     bias: Tensor | None
     conv: dict[str, Any] | None = None  # stride, padding, dilation, groups, transposed, output_padding
+    # the output layer (`output_rows`): `vjp` over the rows and columns of g that hold a non-zero value
+    rows: bool = False
 
     @classmethod
     def of(cls, module: nn.Module) -> Affine:
@@ -105,7 +109,7 @@ class Affine:
     def vjp(self, g: Tensor, x: Tensor, weight: Tensor) -> Tensor:
         """``W^T g``: the gradient of ``layer(x; weight)`` w.r.t. x for the output gradient `g` (x gives the shape)."""
         if self.kind == "linear":
-            return g @ weight
+            return output_rows.product(g, weight) if self.rows else g @ weight
         c = self.conv
         assert c is not None
         return torch.ops.aten.convolution_backward(
