@@ -406,9 +406,9 @@ class GradientFormRun:
 
     def _qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v with their shares of ``softmax(q kᵀ) v`` (each product by the uniform rule; CP-LRP: q, k held)."""
-        dq, dk, dv = (self.reach.depends(t) for t in (q, k, v))
         if self.cp:
             return q.detach(), k.detach(), v
+        dq, dk, dv = (self.reach.depends(t) for t in (q, k, v))
         wp, wv = (0.5, 0.5) if (dq or dk) and dv else (1.0, 1.0)
         wq, wk = (0.5, 0.5) if dq and dk else (1.0, 1.0)
         return _share(q, wp * wq), _share(k, wp * wk), _share(v, wv)
@@ -444,13 +444,21 @@ class GradientFormRun:
         a["query"], a["key"], a["value"] = self._qkv(q, k, v)
         return self._attend(**a)
 
+    def _in_projection(self, t: Tensor, w: Tensor, b: Tensor | None, which: str) -> Tensor:
+        """An input projection of ``F.multi_head_attention_forward``: CP-LRP holds q and k, so their projections
+        build no graph."""
+        if self.cp and which != "v":
+            with torch.no_grad():
+                return F.linear(t, w, b)
+        return F.linear(t, w, b)
+
     def _mha(self, call: Call) -> Any:
         """``F.multi_head_attention_forward`` written out (projections, then sdpa with the shares), as PyTorch
         computes it: masks, key padding, add_bias_kv, add_zero_attn."""
         a = bind_mha(call.args, call.kwargs)
         if not any(self.reach.depends(a[t]) for t in ("value", "query", "key")):  # v first, as in `_sdpa`
             return NotImplemented
-        heads = mha_heads(a, lambda t, w, b, c: F.linear(t, w, b))
+        heads = mha_heads(a, self._in_projection)
         q, k, v, mask, causal, unbatched = heads.q, heads.k, heads.v, heads.mask, heads.causal, heads.unbatched
         (n_q, n, e), n_k, h = heads.shape, k.shape[-2], a["num_heads"]
         d = e // h

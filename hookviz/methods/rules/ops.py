@@ -81,27 +81,36 @@ _SDPA = inspect.signature(_sdpa_signature)
 _MHA = inspect.signature(F.multi_head_attention_forward)
 
 
-_SDPA_NAMES = tuple(_SDPA.parameters)
-_SDPA_DEFAULTS = {n: p.default for n, p in _SDPA.parameters.items() if p.default is not inspect.Parameter.empty}
+def _bind(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """`sig` bound to a call, defaults filled in. The common call (positional arguments, then keywords for the rest,
+    every parameter without a default given) is bound by hand: ``Signature.bind`` took a third of an attention rule's
+    time. Anything else, and every error, goes through ``Signature.bind``."""
+    params = sig.parameters
+    names = tuple(params)
+    if len(args) <= len(names):
+        a = dict(zip(names, args, strict=False))
+        if all(k in params and k not in a for k in kwargs):
+            a.update(kwargs)
+            if len(a) < len(names):
+                for n, p in params.items():
+                    if n not in a:
+                        if p.default is inspect.Parameter.empty:
+                            break
+                        a[n] = p.default
+            if len(a) == len(names):
+                return {n: a[n] for n in names}
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def bind_sdpa(args: tuple, kwargs: dict) -> dict[str, Any]:
     """The arguments of an ``F.scaled_dot_product_attention`` call by name, defaults filled in (the methods that
     decompose the fused call read them: the attention rollouts, the transformer LRP rules)."""
-    names = _SDPA_NAMES
-    if len(args) <= len(names) and all(k in _SDPA_DEFAULTS and names.index(k) >= len(args) for k in kwargs):
-        # the common call, bound by hand (Signature.bind took a third of the rule's time); anything else below
-        a = {**_SDPA_DEFAULTS, **dict(zip(names, args, strict=False)), **kwargs}
-        if len(a) == len(names):  # query, key and value all given
-            return {n: a[n] for n in names}
-    bound = _SDPA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    return _bind(_SDPA, args, kwargs)
 
 
 def bind_mha(args: tuple, kwargs: dict) -> dict[str, Any]:
     """The arguments of an ``F.multi_head_attention_forward`` call (what ``nn.MultiheadAttention`` runs) by name,
     defaults filled in."""
-    bound = _MHA.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    return _bind(_MHA, args, kwargs)
