@@ -8,7 +8,9 @@ Models (eval mode, parameters frozen, random weights, seed 0): ``vit_small`` is 
 ``BertForSequenceClassification`` with bert-base's configuration (12 layers, hidden 768, 12 heads, "sdpa" attention)
 on (N, 128) token ids, explained at the word embeddings. Rows: ``floor`` (one forward + ``autograd.grad`` of the
 target score w.r.t. the input, or w.r.t. the word embeddings' output for BERT: the least any backward-pass method
-can cost), hookviz ``LRP("attn-lrp")`` and ``LRP("cp-lrp")``, and ``lxt`` where lxt 2.1 can explain the model (it
+can cost), hookviz ``LRP("attn-lrp")`` and ``LRP("cp-lrp")`` (``-eps0``: with lxt's rules, no stabilizers;
+``-eps0-dense``: the same with the output layer's backward product taken whole, as lxt takes it), and ``lxt`` where
+lxt 2.1 can explain the model (it
 cannot here: it has no map for timm's ViT, and its BERT is a copy of transformers 4's modelling file, which does
 not import under transformers 5; the row then says why). The rows of a model are timed round-robin, ``--repeats``
 times, median in ms; peak memory of one call in a fresh process per row (peak RSS above the resident memory just
@@ -21,6 +23,7 @@ live peak). Writes ``<out>.json`` and ``<out>.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import json
@@ -30,7 +33,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,12 @@ from hookviz.methods.lrp import composite as composite_of  # noqa: E402
 
 # "-eps0": the same composite with epsilon 0 and stabilizer 0, the rules lxt applies (it divides unstabilised),
 # which hookviz runs in gradient-times-input form (one plain backward pass)
+# "-dense": "-eps0" with the output layer's backward product taken whole, over every row and column of its gradient,
+# as lxt and the floor take it (hookviz takes it over the rows and columns a target reaches, `output_rows`): the same
+# work as lxt's, for the comparison of the rules' own cost. Models without declared output embeddings: as "-eps0".
 ROWS = (
-    "floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "hookviz-attn-lrp-eps0", "hookviz-cp-lrp-eps0", "lxt-attn-lrp",
-    "lxt-cp-lrp",
+    "floor", "hookviz-attn-lrp", "hookviz-cp-lrp", "hookviz-attn-lrp-eps0", "hookviz-cp-lrp-eps0",
+    "hookviz-attn-lrp-eps0-dense", "hookviz-cp-lrp-eps0-dense", "lxt-attn-lrp", "lxt-cp-lrp",
 )  # fmt: skip
 TARGET = 1
 LAYER = {"bert_base": "bert.embeddings.word_embeddings", "llama": "model.embed_tokens"}
@@ -204,12 +210,40 @@ def build(row: str, name: str, model: nn.Module) -> Callable[[torch.Tensor], Any
 
         return floor_tokens
     if row.startswith("hookviz"):
-        variant = row.removeprefix("hookviz-").removesuffix("-eps0")
-        comp = composite_of(variant, epsilon=0.0, stabilizer=0.0) if row.endswith("-eps0") else variant
+        variant = row.removeprefix("hookviz-").removesuffix("-dense").removesuffix("-eps0")
+        comp = composite_of(variant, epsilon=0.0, stabilizer=0.0) if "-eps0" in row else variant
         lrp = hv.LRP(model, comp, layer=layer)
         target = (lambda out: _score(name, out)) if name == "llama" else TARGET
+        if row.endswith("-dense"):
+
+            def dense(x: torch.Tensor) -> Any:
+                with _whole_output_product():
+                    return lrp.attribute(x, target)
+
+            return dense
         return lambda x: lrp.attribute(x, target)
     return lxt_fn(name, lxt_model(name, model, row.removeprefix("lxt-")))
+
+
+def output_layer_of(model: nn.Module) -> nn.Module | None:
+    """The layer hookviz's output-layer rule acts on (`output_rows.output_layer`), None if the model has none."""
+    from hookviz.methods.lrp.output_rows import output_layer
+
+    return output_layer(model)
+
+
+@contextlib.contextmanager
+def _whole_output_product() -> Iterator[None]:
+    """hookviz's gradient form without its output-layer rule (`output_rows`) for the block: the head's backward
+    product over all rows and columns, as lxt's and the floor's plain autograd take it (a benchmark switch)."""
+    import hookviz.methods.lrp.gradient_form as gf
+
+    real = gf.output_layer
+    gf.output_layer = lambda model: None
+    try:
+        yield
+    finally:
+        gf.output_layer = real
 
 
 def agreement(name: str, model: nn.Module, x: torch.Tensor, variant: str) -> dict[str, float]:

@@ -7,7 +7,8 @@ floor, round-robin in one process, paired differences.
 The revision's ``hookviz/`` is extracted with ``git archive`` into a temporary folder as the package
 ``hookviz_base`` (its imports are relative), so both versions run side by side on the same model object
 (`bench_attnlrp.make_model`, random weights, eval mode, parameters frozen; N = 1, one thread). Rows: ``base``,
-``new`` (the composite with epsilon 0 and stabilizer 0), ``floor`` and lxt's rows where lxt runs the model
+``new`` (the composite with epsilon 0 and stabilizer 0), ``dense`` (``new`` with the output layer's backward product
+taken whole, as lxt takes it; models with output embeddings), ``floor`` and lxt's rows where lxt runs the model
 (`bench_attnlrp.lxt_model`). Each repeat runs every row once, in alternating order; per row the median time and the
 median of the minor page faults of a call; then the median of the paired differences ``new - base`` and
 ``x - lxt``, steadier than the difference of the medians on a shared machine. ``--clock process``
@@ -54,6 +55,8 @@ def rows_for(name: str, variant: str, model: torch.nn.Module) -> dict[str, Calla
         )
         lrp = hv.LRP(model, comp, layer=b.LAYER.get(name))
         fns[row] = lambda x, lrp=lrp: lrp.attribute(x, target)
+    if b.output_layer_of(model) is not None:  # this checkout's rows also with the head's product taken whole
+        fns["dense"] = b.build(f"hookviz-{variant}-lrp-eps0-dense", name, model)
     fns["floor"] = b.build("floor", name, model)
     try:
         fns["lxt"] = b.build(f"lxt-{variant}-lrp", name, model)
@@ -95,7 +98,8 @@ def main() -> None:
                 for row in order:
                     print(f"{name:9s} {variant:4s} {row:5s} {statistics.median(times[row]):8.1f} ms  "
                           f"page faults {statistics.median(faults[row]):6.0f}")  # fmt: skip
-                pairs = [("new", "base")] + [(r, "lxt") for r in ("base", "new") if "lxt" in times]
+                vs_lxt = [(r, "lxt") for r in ("base", "new", "dense") if "lxt" in times and r in times]
+                pairs = [("new", "base"), *vs_lxt]
                 for a, c in pairs:
                     d = statistics.median(u - v for u, v in zip(times[a], times[c], strict=True))
                     print(f"{name:9s} {variant:4s} {a} - {c}: {d:+.1f} ms (median of {args.repeats} paired)")
