@@ -4,11 +4,11 @@ With q and k held (Ali et al., 2022, "XAI for Transformers: Better Explanations 
 the AttnLRP paper's CP-LRP baseline) the attention $$ o = P v $$, $$ P = \mathrm{softmax}(s\,q k^\top + M) $$, is
 linear in v and its only gradient is $$ g_v = P^\top g_o $$. PyTorch's fused CPU kernel has no output mask: its
 backward pass recomputes P and also forms the gradients of q and k, which the rule discards. Where the probabilities
-take no more memory than the fused kernel keeps for its backward pass (q, k, v and the output: at most
-``H (2 L + 2 S) E`` numbers for P's ``H L S``), they are formed once in the forward pass and kept, and the backward
-pass is one matrix product: 0.4x to 0.5x of the fused forward and backward time at 128 to 512 tokens on one CPU
-thread (benchmarks/bench_attnlrp.py). Longer sequences, other devices (their fused kernels, unmeasured here),
-dropout, gradients into the mask, and anything else the explicit form does not reproduce keep the fused call.
+take no more memory than the fused kernel keeps for its backward pass (q, k, v and the output: ``(H L + Hk S)(E + Ev)``
+numbers against P's ``H L S``; with heads of 64, up to 256 keys), they are formed once in the forward pass and kept,
+and the backward pass is one matrix product: 0.4x to 0.5x of the fused forward and backward time at 128 to 256
+tokens on one CPU thread (docs/relevance.md). Longer sequences, other devices (their fused kernels, unmeasured
+here), dropout, gradients into the mask, and anything else the explicit form does not reproduce keep the fused call.
 The output equals the fused kernel's to float rounding (the kernel sums in another order)."""
 
 from __future__ import annotations
