@@ -413,27 +413,17 @@ class GradientFormRun:
         wq, wk = (0.5, 0.5) if dq and dk else (1.0, 1.0)
         return _share(q, wp * wq), _share(k, wp * wk), _share(v, wv)
 
-    def _attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attn_mask: Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Tensor:
-        """The fused call on q, k, v with their shares (`_qkv`); CP-LRP's held q and k as `held_attention` where
-        it applies (its backward pass forms only v's gradient)."""
+    def _attend(self, a: dict[str, Any]) -> Tensor:
+        """The fused call (`bind_sdpa`'s arguments, q, k, v with their shares from `_qkv`); CP-LRP's held q and k as
+        `held_attention` where it applies (its backward pass forms only v's gradient)."""
         if self.cp:
-            out = held_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            out = held_attention(
+                a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
+                a["enable_gqa"],
+            )  # fmt: skip
             if out is not None:
                 return out
-        return SDPA(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa,
-        )  # fmt: skip
+        return SDPA(**a)
 
     def _sdpa(self, call: Call) -> Any:
         a = bind_sdpa(call.args, call.kwargs)
@@ -442,7 +432,7 @@ class GradientFormRun:
         if not any(self.reach.depends(t) for t in (v, q, k)):
             return NotImplemented
         a["query"], a["key"], a["value"] = self._qkv(q, k, v)
-        return self._attend(**a)
+        return self._attend(a)
 
     def _in_projection(self, t: Tensor, w: Tensor, b: Tensor | None, which: str) -> Tensor:
         """An input projection of ``F.multi_head_attention_forward``: CP-LRP holds q and k, so their projections
@@ -464,7 +454,7 @@ class GradientFormRun:
         d = e // h
         dropout = a["dropout_p"] if a["training"] else 0.0
         qs, ks, vs = self._qkv(q, k, v)
-        o = self._attend(qs, ks, vs, mask, dropout, causal)
+        o = self._attend(bind_sdpa((qs, ks, vs, mask, dropout, causal), {}))
         o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
         out = F.linear(o, a["out_proj_weight"], a["out_proj_bias"])
         weights = None
