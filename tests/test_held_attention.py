@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hookviz.methods.lrp.held_attention import held_attention
+from hookviz.methods.rules.ops import bind_sdpa
 
 
 def _qkv(n=2, h=4, hk=4, L=5, S=7, e=8, ev=6, dtype=torch.float64, seed=0):
@@ -26,8 +27,7 @@ def _qkv(n=2, h=4, hk=4, L=5, S=7, e=8, ev=6, dtype=torch.float64, seed=0):
 def _both(q, k, v, **kw):
     """(held output, held gradient of v, fused output, fused gradient of v) for the same upstream gradient."""
     args = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) | kw
-    out = held_attention(q, k, v, args["attn_mask"], args["dropout_p"], args["is_causal"], args["scale"],
-                         args["enable_gqa"])  # fmt: skip
+    out = held_attention(bind_sdpa((q, k, v), args))
     assert out is not None, "the explicit form should apply"
     ref = F.scaled_dot_product_attention(q.detach(), k.detach(), v, **args)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
@@ -108,7 +108,7 @@ def test_float32_at_transformer_sizes() -> None:
 def test_only_v_gets_a_gradient() -> None:
     q, k, v = _qkv()
     q.requires_grad_(True)
-    out = held_attention(q, k, v, None, 0.0, False, None, False)
+    out = held_attention(bind_sdpa((q, k, v), {}))
     assert out is not None
     gq, gv = torch.autograd.grad(out.sum(), (q, v), allow_unused=True)
     assert gq is None and gv is not None
@@ -139,4 +139,4 @@ def test_the_fused_call_is_kept_where_the_explicit_form_does_not_apply(case) -> 
     elif case == "heads not a multiple":
         q, k, v = _qkv(h=5, hk=2)
         args[4] = True
-    assert held_attention(q, k, v, *args) is None
+    assert held_attention(bind_sdpa((q, k, v, *args), {})) is None

@@ -30,7 +30,6 @@ that silently missed a layer would be wrong.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from ...hooks import HookManager
 from ..cam_layer import is_attention_module, is_attention_name
 from ..rules.ops import bind_mha, bind_sdpa
+from ..rules.sdpa import sdpa_probabilities
 from ..scope import acting, current_call
 
 SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -93,29 +93,6 @@ class Captured:
         if grad.shape[0] == n and grad.dim() == 5:
             return grad
         return grad.reshape(n, h, k, t, s).transpose(1, 2)
-
-
-def _sdpa_probabilities(a: dict[str, Any]) -> Tensor:
-    """The probabilities of an ``F.scaled_dot_product_attention`` call (its arguments by name, `bind_sdpa`) as its
-    documented reference computes them, before dropout (what an eager softmax returns)."""
-    query, key, scale, mask = a["query"], a["key"], a["scale"], a["attn_mask"]
-    t, s = query.size(-2), key.size(-2)
-    factor = 1 / math.sqrt(query.size(-1)) if scale is None else scale
-    if a["enable_gqa"] and query.dim() >= 3:
-        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
-    scores = query @ key.transpose(-2, -1) * factor
-    if a["is_causal"]:
-        causal = torch.ones(t, s, dtype=torch.bool, device=query.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
-    # a query whose every key is masked (a left pad of a batch of prompts) attends to nothing: the fused kernel gives
-    # it 0, a softmax over -inf everywhere NaN, which the rollout's matrix products would spread to every row
-    dead = torch.isneginf(scores).all(-1, keepdim=True)
-    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
 
 
 class _Mode(TorchFunctionMode):
@@ -219,7 +196,7 @@ class AttentionCapture:
 
     def sdpa(self, args: tuple, kwargs: dict) -> Tensor:
         bound = bind_sdpa(args, kwargs)
-        probs = _sdpa_probabilities(bound)
+        probs = sdpa_probabilities(bound)
         if not probs.requires_grad:
             probs = probs.detach().requires_grad_(True)
         value = bound["value"]

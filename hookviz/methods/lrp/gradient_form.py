@@ -416,14 +416,8 @@ class GradientFormRun:
     def _attend(self, a: dict[str, Any]) -> Tensor:
         """The fused call (`bind_sdpa`'s arguments, q, k, v with their shares from `_qkv`); CP-LRP's held q and k as
         `held_attention` where it applies (its backward pass forms only v's gradient)."""
-        if self.cp:
-            out = held_attention(
-                a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
-                a["enable_gqa"],
-            )  # fmt: skip
-            if out is not None:
-                return out
-        return SDPA(**a)
+        out = held_attention(a) if self.cp else None
+        return SDPA(**a) if out is None else out
 
     def _sdpa(self, call: Call) -> Any:
         a = bind_sdpa(call.args, call.kwargs)

@@ -13,32 +13,25 @@ The output equals the fused kernel's to float rounding (the kernel sums in anoth
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..rules.sdpa import sdpa_probabilities
 
-def held_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | None,
-    enable_gqa: bool,
-) -> Tensor | None:
-    """``F.scaled_dot_product_attention(q, k, v, ...)`` with q and k constant, as one Function whose backward pass is
-    ``Pᵀ g`` (the probabilities kept from the forward pass); None where the fused call is to be kept (see the module
-    docstring). q: (N, H, L, E); k: (N, Hk, S, E); v: (N, Hk, S, Ev); H = Hk, or a multiple of it with `enable_gqa`;
-    `attn_mask` broadcastable to (N, H, L, S), boolean (True takes part) or added; `is_causal`: the upper triangle
-    of (L, S) masked, as the fused call does."""
-    if not _explicit(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+
+def held_attention(a: dict[str, Any]) -> Tensor | None:
+    """``F.scaled_dot_product_attention`` bound by name (`ops.bind_sdpa`) with q and k constant, as one Function whose
+    backward pass is ``Pᵀ g`` (the probabilities kept from the forward pass, `sdpa.sdpa_probabilities`); None where
+    the fused call is to be kept (see the module docstring). q: (N, H, L, E); k: (N, Hk, S, E); v: (N, Hk, S, Ev);
+    H = Hk, or a multiple of it with ``enable_gqa``; ``attn_mask`` broadcastable to (N, H, L, S), boolean (True takes
+    part) or added; ``is_causal``: the upper triangle of (L, S) masked, as the fused call does."""
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    if not _explicit(q, k, v, mask, a["dropout_p"], a["is_causal"], a["enable_gqa"]):
         return None
-    return _HeldAttention.apply(q.detach(), k.detach(), v, attn_mask, is_causal, scale)
+    return _HeldAttention.apply({**a, "query": q.detach(), "key": k.detach()}, v)
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool, gqa: bool) -> bool:
@@ -67,41 +60,16 @@ class _HeldAttention(torch.autograd.Function):
     """Output: the attention; backward: ``Pᵀ g`` to v only (q and k are held)."""
 
     @staticmethod
-    def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None
-    ) -> Tensor:
-        (n, h, n_q, e), hk, n_k = q.shape, k.shape[1], k.shape[2]
-        group = h // hk
-        s = torch.matmul(q.reshape(n, hk, group * n_q, e), k.transpose(-2, -1))
-        s.mul_(1.0 / math.sqrt(e) if scale is None else float(scale))
-        s5 = s.view(n, hk, group, n_q, n_k)
-        if causal:
-            upper = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu_(1)
-            s5.masked_fill_(upper, float("-inf"))
-        dead = None
-        if mask is not None:
-            m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            m = m.unflatten(1, (hk, group)) if m.shape[1] == h and h > 1 else m.unsqueeze(1)
-            if m.dtype == torch.bool:
-                s5.masked_fill_(~m, float("-inf"))
-                allowed = m.any(-1, keepdim=True)
-            else:
-                s5.add_(m)
-                allowed = (m != float("-inf")).any(-1, keepdim=True)
-            # a query that may attend to no key gets 0 from the fused kernel, where a softmax over -inf gives NaN
-            dead = None if bool(allowed.all()) else ~allowed
-        p = torch.softmax(s, -1)
-        if dead is not None:
-            p.view(n, hk, group, n_q, n_k).masked_fill_(dead, 0.0)
+    def forward(ctx: Any, a: dict[str, Any], v: Tensor) -> Tensor:
+        # `a`: the bound call, q and k detached; v (also a["value"]) given apart: the Function's input with a gradient
+        p = sdpa_probabilities(a)  # (N, H, L, S): key heads repeated for grouped-query attention
         ctx.save_for_backward(p)
-        ctx.shape = (n, h, n_q, v.shape[-1])
-        return torch.matmul(p, v).view(n, hk, group, n_q, -1).reshape(ctx.shape)
+        ctx.group = p.size(1) // v.size(1)
+        return torch.matmul(p, v if ctx.group == 1 else v.repeat_interleave(ctx.group, 1))
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[None, None, Tensor, None, None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[None, Tensor]:
         (p,) = ctx.saved_tensors
-        n, h, n_q, ev = ctx.shape
-        hk = p.shape[1]
-        gv = torch.matmul(p.transpose(-2, -1), g.reshape(n, hk, (h // hk) * n_q, ev))
-        return None, None, gv, None, None, None
+        gv = torch.matmul(p.transpose(-2, -1), g)
+        return None, gv if ctx.group == 1 else gv.unflatten(1, (-1, ctx.group)).sum(2)
