@@ -31,7 +31,7 @@ def output_layer(model: nn.Module) -> nn.Linear | None:
 
 
 def rows_reached(h: Tensor, layer: nn.Linear, y: Tensor) -> Tensor:
-    """`y` (= ``layer(h)``, as computed) with the backward pass `OutputRows` to `h`. h: (..., H); y: (..., V)."""
+    """`y` (= ``layer(h)``, as computed) whose backward pass to `h` is `product`. h: (..., H); y: (..., V)."""
     return _OutputRows.apply(h, (y,), layer.weight)
 
 
