@@ -639,7 +639,8 @@ def _apply(
     except Exception as exc:
         raise RuntimeError(
             f"{where}: preprocess {type(transform).__name__} failed on a float (C, H, W) tensor in [0, 1] of shape "
-            f"{tuple(img.shape)}: {exc}. load_images hands tensors, not PIL images, to preprocess callables"
+            f"{tuple(img.shape)} on {img.device}: {exc}. load_images hands tensors, not PIL images, to preprocess "
+            "callables"
         ) from exc
     if not isinstance(out, Tensor) or out.ndim != 3 or not out.is_floating_point():
         got = f"shape {tuple(out.shape)} dtype {out.dtype}" if isinstance(out, Tensor) else type(out).__name__
@@ -687,6 +688,12 @@ def load_images(
     - another callable (C, H, W) -> (C, H, W), e.g. ``weights.transforms()``: ``tensor = preprocess(img)``; the
       display undoes ``preprocess.mean``/``preprocess.std`` when it has them, else is min-max scaled.
 
+    Devices: a preset runs on ``device`` (the pixels move there first, so resizing and normalizing use the GPU). A
+    callable runs where the pixels are, as in a torchvision data pipeline: on the CPU for paths, PIL images and numpy
+    arrays (and uint8 CPU tensors), on its own device for a uint8 tensor already on a GPU; its output then moves to
+    ``device``. So a transform written for CPU images (one that builds ``torch.tensor(mean)`` constants) works with
+    ``device="cuda"``; to run a callable on the GPU, pass the pixels as a uint8 tensor on the GPU.
+
     All images must end with the same H, W. Returns contiguous float32 ``tensor`` (N, C, H, W) and ``images``
     (N, 3, H, W). Nothing passed in is modified.
     """
@@ -717,10 +724,14 @@ def load_images(
 
     model_parts: list[Tensor] = []
     display_parts: list[Tensor] = []
+    # Where the float work happens: a Preset runs on the target device (the (mostly uint8) pixels move first); a
+    # callable runs where the pixels are (the CPU for decoded images, a uint8 tensor's own device), as in a
+    # torchvision data pipeline, since a transform written for CPU images builds CPU constants.
+    run_on = (lambda pixels: pixels.to(target)) if isinstance(transform, Preset) else (lambda pixels: pixels)
     for item, where in zip(items, wheres, strict=True):
         if isinstance(item, Tensor) and item.dtype == torch.uint8:
             for pixels, name in _uint8_images(item, where):
-                x, shown = _apply(transform, display, _to_float(pixels.to(target), channels), target, name)
+                x, shown = _apply(transform, display, _to_float(run_on(pixels), channels), target, name)
                 model_parts.append(x)
                 display_parts.append(shown)
         elif isinstance(item, Tensor):
@@ -729,8 +740,7 @@ def load_images(
             model_parts.append(x)
             display_parts.append(_to_rgb(_minmax(x)))
         else:
-            # Move the (mostly uint8) pixels first, so the float work happens on the device.
-            img = _to_float(_pixels(item, where).to(target), channels)
+            img = _to_float(run_on(_pixels(item, where)), channels)
             x, shown = _apply(transform, display, img, target, where)
             model_parts.append(x)
             display_parts.append(shown)

@@ -472,13 +472,48 @@ def test_device_argument(rgb_array: np.ndarray) -> None:
         load_images(rgb_array, device=0)
 
 
+class _Where(_Normalizer):
+    """_Normalizer with its constants on the image's device, recording the device of each image it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: list[torch.device] = []
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        self.devices.append(img.device)
+        mean, std = (torch.tensor(v).view(3, 1, 1).to(img.device) for v in (self.mean, self.std))
+        return (img - mean) / std
+
+
+def test_callable_runs_where_the_pixels_are(rgb_array: np.ndarray) -> None:
+    # no GPU here: the meta device stands in for it (a CPU constant meeting a meta tensor fails like one meeting a
+    # CUDA tensor). Decoded pixels go to the callable on the CPU, and its output moves to `device`.
+    fn = _Where()
+    batch = load_images([rgb_array, torch.from_numpy(rgb_array.copy()).permute(2, 0, 1)], device="meta", preprocess=fn)
+    assert fn.devices == [torch.device("cpu")] * 2
+    assert batch.tensor.device.type == batch.images.device.type == "meta" and batch.tensor.shape == (2, 3, 32, 40)
+    # a uint8 tensor that already lives on the device keeps running there
+    fn = _Where()
+    load_images(torch.zeros(3, 32, 40, dtype=torch.uint8, device="meta"), device="meta", preprocess=fn)
+    assert fn.devices == [torch.device("meta")]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_device(rgb_array: np.ndarray) -> None:
     batch = load_images([rgb_array, torch.rand(3, 32, 32)], device="cuda", preprocess=SMALL)
     assert batch.tensor.is_cuda and batch.images.is_cuda
     torch.testing.assert_close(batch.tensor[0].cpu(), SMALL(_chw(rgb_array)))
+    # a callable written for CPU images (CPU constants) runs on the CPU, where the pixels were decoded
     batch = load_images(rgb_array, device="cuda", preprocess=_Normalizer())
+    assert batch.tensor.is_cuda and batch.images.is_cuda
+    torch.testing.assert_close(batch.tensor[0].cpu(), _Normalizer()(_chw(rgb_array)))
     torch.testing.assert_close(batch.images[0].cpu(), _chw(rgb_array))
+    # a uint8 tensor already on the GPU keeps running there; a preset runs on the GPU
+    fn = _Where()
+    on_gpu = torch.from_numpy(rgb_array.copy()).permute(2, 0, 1).cuda()
+    batch = load_images(on_gpu, device="cuda", preprocess=fn)
+    assert [d.type for d in fn.devices] == ["cuda"] and batch.tensor.is_cuda
+    torch.testing.assert_close(batch.tensor[0].cpu(), _Normalizer()(_chw(rgb_array)))
 
 
 @pytest.mark.parametrize(
