@@ -24,6 +24,7 @@ from ..targets import (
     resolve_targets,
 )
 from .base import Attribution, register
+from .batch import acc_dtype
 from .cam_layer import choose_layer, resolve_layer
 from .forward import ForwardArgs, as_tuple
 from .guided import GuidedBackprop
@@ -68,8 +69,8 @@ class CAMAttribution(Attribution):
     The layer's output is recorded and the model continues on a copy of it, so the map uses the layer's true output
     even when the model later modifies it in place (DenseNet's ``F.relu(features, inplace=True)``); the backward
     pass stops at the layer. Subclasses give the weights (`_weights`); the map is
-    $$ L = \mathrm{ReLU}(\sum_k w_k \odot A^k) $$, summed over channels, computed in float32 whatever the
-    autocast dtype of the forward pass (results are float32).
+    $$ L = \mathrm{ReLU}(\sum_k w_k \odot A^k) $$, summed over channels, computed in float32 at least whatever the
+    autocast dtype of the forward pass (results are float32; float64 for a float64 model).
 
     Layouts (`hookviz.layouts`): the layer's output is read as (N, C, h, w), as channels-last (N, h, w, C) (Swin
     stages), or as (N, T, D) tokens of dimension D whose first P (class / distillation / register tokens) are
@@ -181,9 +182,10 @@ class CAMAttribution(Attribution):
         act, targets, fold = self._record(x, target, kwargs.get("forward_args"))
         (grads,) = batched_grad(targets.scores, [act], strategy=self.backward)
         n, k = grads.shape[:2]
-        # CAM arithmetic in float32 whatever the autocast dtype of the forward pass
-        a = fold(act.detach()).float().unsqueeze(1)
-        g = fold(grads.flatten(0, 1)).float().unflatten(0, (n, k))
+        # CAM arithmetic in float32 at least whatever the autocast dtype of the forward pass (float64 stays float64)
+        acc = acc_dtype(act.dtype)
+        a = fold(act.detach()).to(acc).unsqueeze(1)
+        g = fold(grads.flatten(0, 1)).to(acc).unflatten(0, (n, k))
         cam = _weighted_sum(self._weights(a, g), a)
         self._warn_if_empty(cam, g)
         return cam, targets
@@ -419,7 +421,7 @@ class ScoreCAM(CAMAttribution):
             )
         fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
         act, targets, fold = self._record(x, target, fwd)
-        a = fold(act.detach()).float()  # (N, C, h, w)
+        a = fold(act.detach()).to(acc_dtype(act.dtype))  # (N, C, h, w)
         weights = self._mask_scores(x.detach(), a, targets, target, fwd)  # (N, K, C)
         cam = _weighted_sum(weights[..., None, None], a.unsqueeze(1))
         self._warn_if_empty(cam, None)
@@ -430,7 +432,7 @@ class ScoreCAM(CAMAttribution):
         n, c = a.shape[:2]
         k = targets.scores.shape[1]
         rows = a.flatten(0, 1).unsqueeze(1)  # (N * C, 1, h, w); row r is input r // C, channel r % C
-        scores = torch.empty(n * c, k, dtype=torch.float32, device=a.device)
+        scores = torch.empty(n * c, k, dtype=a.dtype, device=a.device)
         with torch.no_grad():
             for start in range(0, n * c, self.batch_size):
                 stop = min(start + self.batch_size, n * c)
@@ -441,9 +443,9 @@ class ScoreCAM(CAMAttribution):
                 out = fwd.rows(inputs)(self.model, (x[inputs] * masks,))
                 if plan.fn is None:
                     idx = targets.indices[inputs]  # type: ignore[index]
-                    scores[start:stop] = torch.softmax(class_logits(out).float(), dim=1).gather(1, idx)
+                    scores[start:stop] = torch.softmax(class_logits(out).to(a.dtype), dim=1).gather(1, idx)
                 else:
-                    scores[start:stop] = _callable_rows(plan, out, inputs, k)
+                    scores[start:stop] = _callable_rows(plan, out, inputs, k).to(a.dtype)
         return scores.view(n, c, k).transpose(1, 2)
 
 
@@ -457,7 +459,7 @@ def _callable_rows(plan: TargetPlan, out: Any, inputs: Tensor, k: int) -> Tensor
             f"the target callable returned {s.shape[1]} scores per input on the masked inputs but {k} on the inputs "
             "themselves; it must return the same (N,) or (N, K) each time"
         )
-    return s.float()
+    return s
 
 
 @register("guided-gradcam")
