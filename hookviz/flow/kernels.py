@@ -1,7 +1,9 @@
 """The statistics kernels of GradientFlow: per-gradient norm, sum and max |g| (multi-tensor, eager and compiled), the
 update ratio's parameter snapshots, the activation statistics, and the policy that picks compiled or eager kernels.
 
-Everything here runs on the model's device and returns float32 tensors there: nothing is read back to the host.
+Everything here runs on the model's device and returns float32 tensors there: nothing is read back to the host,
+except once per compiled kernel and set of input shapes, when the self-check compares it with the eager kernel
+(`_Checked`).
 """
 
 from __future__ import annotations
@@ -168,14 +170,166 @@ def _act_rows(outputs: list[Tensor], relu: tuple[bool, ...]) -> Tensor:
     return torch.stack(rows, dim=1)
 
 
-_COMPILED: dict[str, Callable[..., Tensor]] = {}
+# -- the compiled kernels' self-check -------------------------------------------------------------------------
+# A compiled kernel is trusted only once it has given the eager kernel's numbers on real inputs. torch.compile's code
+# can be wrong for a CPU: on AMD EPYC machines under ATEN_CPU_CAPABILITY=avx2 (torch 2.14), inductor's code for
+# `_act_rows` alone gave an activation norm of 22.83 where eager gives 39.65 (issue 34), with no error to catch.
+#
+# Tolerance, from float32 rounding (u = 2**-24). Every statistic here reduces n terms that are >= 0 (squares, |g|),
+# so the sum of their absolute values is the sum itself. A float32 sum of n terms, in any order (sequential, pairwise,
+# vector lanes, threads), is within (n - 1)u of the exact sum, relatively; rounding each square adds u: within nu.
+# The square root halves a relative error and rounds once more: a norm is within (n/2 + 1)u of the exact norm. The
+# compiled and the eager kernels each keep to these bounds, so they differ by at most (n + 2)u for a norm and 2(n - 1)u
+# for a sum |g|: `_rtol` allows 2(n + 1)u for both. A max is exact in any order, and a dead fraction is a count divided
+# by the number of units (one or two roundings): they get n = 1, 4u. Terms below float32's normal range lose relative
+# precision (a square under 2**-126 is subnormal, or flushed to 0 by code that flushes denormals): n of them move a
+# sum (of squares or of |g|) by at most n 2**-126, and so a norm by sqrt(n) 2**-63, which `_atol` adds. A value NaN
+# in both, or infinite and equal in both, agrees. The bound is the worst case, loose for large n (12% for a million
+# terms, where real rounding errors are near sqrt(n)u), yet far from the factor of two of the miscompiled kernel; a
+# tighter bound would be a guess, and a guess that fails falls back to the slower kernels for good.
+_U = 2.0**-24
+
+
+def _rtol(n: Tensor) -> Tensor:
+    return 2 * (n + 1) * _U
+
+
+def _atol(n: Tensor) -> Tensor:
+    return n.sqrt() * 2.0**-63
+
+
+class _Mismatch(Exception):
+    """A compiled kernel gave other numbers than the eager kernel on the same inputs (the message says which)."""
+
+
+class _SelfCheck:
+    """The process-wide verdict on the compiled kernels, shared by every GradientFlow: None while each compiled
+    kernel has agreed with its eager twin, else the warning that said why they are not used."""
+
+    def __init__(self) -> None:
+        self.mismatch: str | None = None
+
+
+_SELF_CHECK = _SelfCheck()
+
+
+def _terms_stats(grads: list[Tensor]) -> list[list[int]]:
+    return [[g.numel() for g in grads]] * 2 + [[1] * len(grads)]
+
+
+def _terms_act(outputs: list[Tensor], relu: tuple[bool, ...]) -> list[list[int]]:
+    return [[o.numel() for o in outputs], [1] * len(outputs)]
+
+
+def _terms_norms(tensors: list[Tensor], others: list[Tensor]) -> list[int]:
+    return [t.numel() for t in tensors]
+
+
+#: per compiled kernel: what it computes, the names of its output rows (one row: a vector), the terms each output
+#: entry reduces (for the tolerance)
+_CHECKS: dict[str, tuple[str, tuple[str, ...], Callable[..., list[Any]]]] = {
+    "_stats_rows": ("gradient statistics", ("gradient norm", "sum |grad|", "max |grad|"), _terms_stats),
+    "_act_rows": ("activation statistics", ("activation norm", "dead fraction"), _terms_act),
+    "_snapshot_rows": ("parameter snapshot", ("parameter norm",), _terms_norms),
+    "_update_rows": ("update norms", ("update norm",), _terms_norms),
+}
+
+
+def _signature(arg: Any) -> Any:
+    """What tells dynamo's compilations of a kernel apart (``dynamic=False``): each tensor's dtype, device, shape and
+    strides, the other arguments' values. Read on the host from the tensors' metadata: no value, no sync."""
+    if isinstance(arg, Tensor):
+        return (arg.dtype, arg.device, arg.shape, arg.stride())
+    if isinstance(arg, (list, tuple)):
+        return tuple(_signature(a) for a in arg)
+    return arg
+
+
+def _disagreement(
+    compiled: Tensor, eager: Tensor, terms: list[Any]
+) -> tuple[tuple[int, ...], float, float, float] | None:
+    """The first entry where the compiled and eager results differ by more than float32 rounding (see `_rtol`): its
+    index, the compiled value, the eager value, the tolerance; None if they agree. Compared on the host in float64."""
+    c, e = compiled.detach().double().cpu(), eager.detach().double().cpu()
+    if c.shape != e.shape:
+        return (), math.nan, math.nan, 0.0
+    n = torch.tensor(terms, dtype=torch.float64).reshape(e.shape)
+    tol = _rtol(n) * e.abs() + _atol(n)
+    agree = ((c - e).abs() <= tol) | (c == e) | (c.isnan() & e.isnan())
+    if bool(agree.all()):
+        return None
+    idx = tuple(int(i) for i in (~agree).nonzero()[0])
+    return idx, c[idx].item(), e[idx].item(), tol[idx].item()
+
+
+def _compile(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`fn` compiled as GradientFlow compiles its kernels: static shapes, one graph."""
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+class _Checked:
+    """A kernel compiled by ``torch.compile``, compared with its eager self on its first inputs of every set of shapes.
+
+    Per set of shapes, because dynamo compiles each set anew (``dynamic=False``): new code, with other loop bounds,
+    vector tails and thread splits, that can be wrong where the first was right. The check runs the eager kernel and
+    reads the comparison on the host (one sync) only then, at a call that compiles anyway (seconds, against the eager
+    kernel's milliseconds); after it a call costs a signature of the inputs' metadata (microseconds, no sync). A
+    disagreement raises `_Mismatch`, which `_Kernels.try_compiled` turns into the eager kernels for the process."""
+
+    def __init__(self, fn: Callable[..., Tensor]) -> None:
+        self.fn = fn
+        self.compiled = _compile(fn)
+        self.checked: set[Any] = set()
+
+    def __call__(self, *args: Any) -> Tensor:
+        out = self.compiled(*args)
+        key = (_signature(args), torch.is_grad_enabled())
+        if key not in self.checked:
+            self._check(args, out)
+            self.checked.add(key)
+        return out
+
+    def _check(self, args: tuple[Any, ...], out: Tensor) -> None:
+        name = self.fn.__name__
+        what, rows, terms = _CHECKS[name]
+        found = None
+        if name == "_snapshot_rows":  # the copy first: the eager kernel writes the snapshots again
+            params, snaps = args
+            same = torch.stack([((s == p) | (s.isnan() & p.isnan())).all() for p, s in zip(params, snaps, strict=True)])
+            if not bool(same.all()):
+                j = int((~same).nonzero()[0, 0])
+                found = f"its copy of parameter {j} (shape {tuple(params[j].shape)}) differs from the parameter"
+        if found is None:
+            bad = _disagreement(out, self.fn(*args), terms(*args))
+            if bad is None:
+                return
+            idx, c, e, tol = bad
+            if not idx:
+                found = f"its output has shape {tuple(out.shape)} where the eager kernel's has another"
+            else:
+                row, col = (idx[0], idx[1]) if len(idx) == 2 else (0, idx[0])
+                shape = tuple(args[0][col].shape)
+                found = (
+                    f"{rows[row]} of input {col} (shape {shape}) is {c:.7g} compiled, {e:.7g} eager "
+                    f"(float32 rounding allows {tol:.2g})"
+                )
+        raise _Mismatch(
+            f"GradientFlow: the compiled {what} kernel ({name}) disagrees with the eager kernel on the same inputs: "
+            f"{found}. This is torch.compile's code for this CPU (torch {torch.__version__}, CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}); the eager kernels are used from now on in this process, by "
+            "every GradientFlow (slower on the CPU). fused_stats=False skips the compiled kernels."
+        )
+
+
+_COMPILED: dict[str, _Checked] = {}
 
 
 def _compiled(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """`fn` compiled with ``torch.compile``, shared by every GradientFlow (dynamo recompiles per list of shapes)."""
+    """`fn` compiled with ``torch.compile`` and self-checked (`_Checked`), shared by every GradientFlow (dynamo
+    recompiles per list of shapes)."""
     compiled = _COMPILED.get(fn.__name__)
     if compiled is None:
-        compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True)
+        compiled = _COMPILED[fn.__name__] = _Checked(fn)
     return compiled
 
 
@@ -244,7 +398,9 @@ def _unit_values(out: Tensor, unit_dim: int, rows: Tensor | None) -> tuple[Tenso
 
 class _Kernels:
     """Which kernels compute the statistics (the `GradientFlow` ``fused_stats`` policy): the compiled ones where they
-    are wanted and compile, the eager ones otherwise, and from the first failed compilation on (with a warning)."""
+    are wanted, compile and agree with the eager ones (`_Checked`), the eager ones otherwise, and from the first failed
+    compilation on (with a warning), or in the whole process from a compiled kernel's first disagreement on (with one
+    warning)."""
 
     def __init__(self, fused_stats: bool | None, params: Sequence[Tensor]) -> None:
         self.fused_stats = fused_stats
@@ -256,7 +412,7 @@ class _Kernels:
 
     def fused_wanted(self) -> bool:
         """Whether the compiled kernels are wanted for the model as it is now (the `fused_stats` policy)."""
-        if self.fused_stats is False or self.compile_failed or not self.params:
+        if self.fused_stats is False or self.compile_failed or _SELF_CHECK.mismatch is not None or not self.params:
             return False
         if self.fused_stats:
             return True
@@ -267,11 +423,17 @@ class _Kernels:
         return self._wanted[device]
 
     def try_compiled(self, compute: Callable[[], Any]) -> Any:
-        """compute() with compiled kernels; None (and the eager kernels from now on) if compiling fails."""
+        """compute() with compiled kernels; None (and the eager kernels from now on) if compiling fails, or if a
+        compiled kernel disagrees with the eager one (then in every GradientFlow of the process, with one warning)."""
         try:
             return compute()
         except torch.OutOfMemoryError:
             raise  # memory, not the compiler: the eager kernels would need it as well
+        except _Mismatch as err:
+            if _SELF_CHECK.mismatch is None:
+                _SELF_CHECK.mismatch = str(err)
+                warnings.warn(str(err), RuntimeWarning, stacklevel=5)
+            return None
         except Exception as err:  # no C++ compiler, an unsupported platform: the eager kernels still work
             # Any other error is a compile failure here: the eager kernels compute the same statistics, so an error
             # of the statistics themselves raises again from them, with its own traceback.
@@ -298,8 +460,9 @@ class _Kernels:
         return _grad_stats(grads, dev, self.scratch)
 
     def act_rows(self, values: list[Tensor], relu: tuple[bool, ...]) -> Tensor | None:
-        """`_act_rows` compiled; None if compiling fails (the caller takes the eager statistics instead)."""
-        if self.compile_failed:
+        """`_act_rows` compiled; None if compiling fails or the compiled kernels are not trusted (the caller takes the
+        eager statistics instead)."""
+        if self.compile_failed or _SELF_CHECK.mismatch is not None:
             return None
         return self.try_compiled(lambda: _compiled(_act_rows)(values, relu))
 

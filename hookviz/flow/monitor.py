@@ -78,7 +78,10 @@ class GradientFlow:
             `FUSED_MIN_NUMEL` elements (there it is about three times cheaper than the eager kernels; the first
             recorded step pays a one-off compilation of some seconds); on accelerators the eager multi-tensor kernels
             are used. False: never. If compilation fails (no C++ compiler), a warning says so and the eager kernels
-            are used.
+            are used. Each compiled kernel checks itself: on its first inputs of every set of shapes it is compared
+            with the eager kernel, to float32 rounding, and if they differ (torch.compile's code can be wrong for a
+            CPU) one warning names the kernel and the two values, and the eager kernels are used for the rest of the
+            process, by every GradientFlow.
         buffer_steps: rows of the on-device buffer; it is read out (one sync) when full.
         keep: keep at most this many recorded steps on the host (the oldest are dropped, after the alarms have seen
             them); None keeps all. A recorded step takes ``4 * (5 * parameters + 3 * module calls)`` bytes (about
