@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import warnings
@@ -55,8 +56,9 @@ S14, S15 = math.sqrt(14), math.sqrt(15)
 
 
 # The fused kernels are compiled by torch.compile's C++ backend. A machine may have no compiler, or one that fails on
-# inductor's code for its CPU (with ATEN_CPU_CAPABILITY=default one machine's g++ stopped on a template error):
-# GradientFlow then falls back to the eager kernels with a warning (tested with a broken
+# inductor's code for its CPU (with ATEN_CPU_CAPABILITY=default g++ stopped on "'at::vec' has not been declared": the
+# FX graph cache served code generated for a vector ISA, until hookviz named the ISA in its options, see
+# kernels._isa_options): GradientFlow then falls back to the eager kernels with a warning (tested with a broken
 # compile below), and the tests of the fused path say that it is unavailable here instead of failing. So they do
 # where the compiled code runs but gave other numbers than the eager kernels (issue 34, AMD EPYC machines under
 # ATEN_CPU_CAPABILITY=avx2): GradientFlow's self-check then uses the eager kernels for the rest of the process, with
@@ -492,6 +494,28 @@ def test_compiled_kernels_are_checked_once_per_set_of_shapes(stand_ins) -> None:
     assert calls == dict.fromkeys(KERNELS, 5)  # every step compiled
     # new activation shapes: a new compilation, checked once; the parameters' shapes did not change
     assert references == {"_stats_rows": 1, "_act_rows": 2, "_snapshot_rows": 1, "_update_rows": 1}
+
+
+def test_compiled_kernels_name_the_vector_isa_in_the_cache_key(monkeypatch) -> None:
+    # inductor's FX graph cache keys on its options but not on the ISA that ATEN_CPU_CAPABILITY picks (torch 2.14):
+    # without the ISA's width in the options, one process ran the C++ that another generated for another ISA (wrong
+    # norms, or stores past the buffers: see kernels._isa_options)
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+
+    seen = {}
+
+    def compile(fn, **kwargs):
+        seen.update(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile)
+    flow_module._compile(flow_module._act_rows)
+    assert seen == {"dynamic": False, "fullgraph": True, "options": {"cpp.simdlen": pick_vec_isa().bit_width()}}
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if capability == "default":  # no vectors
+        assert seen["options"]["cpp.simdlen"] == 0
+    elif capability == "avx2" and "avx2" in map(str, valid_vec_isa_list()):
+        assert seen["options"]["cpp.simdlen"] == 256
 
 
 def test_self_check_tolerance_is_float32_rounding() -> None:

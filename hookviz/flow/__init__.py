@@ -20,13 +20,14 @@ output norm and the norm of the gradient w.r.t. the output of every watched modu
   processes): 3.6% and 4.0% at ``every=1`` in two runs; one process with every variant: 8% with the eager kernels,
   10% with ``output_stats="all"``, 13% with the update ratio, 1% at ``every=4``; ``detect_anomaly`` costs 25-28%
   there. ``every=N`` divides the cost by N.
-- **Compiled kernels that check themselves.** ``torch.compile``'s code can be wrong for a CPU (inductor's AVX2 code on
-  AMD EPYC machines gave about half the activation norm). So each compiled kernel (gradient statistics, activation
-  statistics, parameter snapshot, update norms), on its first inputs of every set of shapes (each set is compiled anew),
-  is also run eagerly and compared, to a tolerance derived from float32 rounding (kernels.py). If they differ, one
-  warning names the kernel, the two values and the CPU capability, and the eager kernels compute the statistics of that
-  step and of every GradientFlow after it in the process. The check costs one eager pass and one sync at a step that
-  compiles anyway; later steps read no value back for it.
+- **Compiled kernels that check themselves.** ``torch.compile``'s code can be wrong for a CPU (code generated for
+  another vector ISA, served by inductor's cache, gave about half the activation norm: the kernels now name their ISA in
+  their compile options, kernels.py). So each compiled kernel (gradient statistics, activation statistics, parameter
+  snapshot, update norms), on its first inputs of every set of shapes (each set is compiled anew), is also run eagerly
+  and compared, to a tolerance derived from float32 rounding (kernels.py). If they differ, one warning names the kernel,
+  the two values and the CPU capability, and the eager kernels compute the statistics of that step and of every
+  GradientFlow after it in the process. The check costs one eager pass and one sync at a step that compiles anyway;
+  later steps read no value back for it.
 - **Hooks chosen on purpose.** Forward hooks on the parameter-free watched modules (activations, custom layers) and
   tensor hooks on the outputs of those whose backward could create a NaN (not the stock activations and pooling
   layers of `TRANSPARENT`); never full backward hooks (which break on in-place operations, pytorch#61519). For the

@@ -173,7 +173,9 @@ def _act_rows(outputs: list[Tensor], relu: tuple[bool, ...]) -> Tensor:
 # -- the compiled kernels' self-check -------------------------------------------------------------------------
 # A compiled kernel is trusted only once it has given the eager kernel's numbers on real inputs. torch.compile's code
 # can be wrong for a CPU: on AMD EPYC machines under ATEN_CPU_CAPABILITY=avx2 (torch 2.14), inductor's code for
-# `_act_rows` alone gave an activation norm of 22.83 where eager gives 39.65 (issue 34), with no error to catch.
+# `_act_rows` alone gave an activation norm of 22.83 where eager gives 39.65 (issue 34), with no error to catch. The
+# one cause found (code generated for another vector ISA, served by inductor's cache) is closed by `_isa_options`;
+# the check is there for the causes not found.
 #
 # Tolerance, from float32 rounding (u = 2**-24). Every statistic here reduces n terms that are >= 0 (squares, |g|),
 # so the sum of their absolute values is the sum itself. A float32 sum of n terms, in any order (sequential, pairwise,
@@ -262,9 +264,29 @@ def _disagreement(
     return idx, c[idx].item(), e[idx].item(), tol[idx].item()
 
 
+def _isa_options() -> dict[str, Any] | None:
+    """Inductor options that name the vector ISA inductor picks in this process (its ``cpp.simdlen``, in bits).
+
+    Inductor picks its vector ISA from ``ATEN_CPU_CAPABILITY``, but its FX graph cache (on disk, shared by the user's
+    processes) leaves that ISA out of its key in torch 2.14: a process served the C++ generated in another process
+    for another ISA compiles it with its own flags. The loops then step by the other ISA's vector width. Measured on
+    an Intel Xeon, with one thread in both processes: AVX-512 code run under ``ATEN_CPU_CAPABILITY=avx2`` reduced
+    part of each tensor (`_act_rows`: 23.48 where eager gives 39.81, the numbers of issue 34), and AVX2 code run with
+    AVX-512 vectors stored past its buffers (glibc aborted: ``corrupted size vs. prev_size``). The ISA's width in the
+    options is part of the key. It only names the width inductor would pick anyway: with ``cpp.simdlen`` set,
+    inductor takes the first ISA of that width, the one ``ATEN_CPU_CAPABILITY`` picks (x86: AMX before AVX-512, both
+    512 bits; AVX2 256; ``default``, no vectors, 0: no ISA has that width). None where the ISA cannot be found."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        return {"cpp.simdlen": pick_vec_isa().bit_width()}
+    except Exception:  # a torch without it, or a machine where probing the ISA fails: inductor decides alone
+        return None
+
+
 def _compile(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """`fn` compiled as GradientFlow compiles its kernels: static shapes, one graph."""
-    return torch.compile(fn, dynamic=False, fullgraph=True)
+    """`fn` compiled as GradientFlow compiles its kernels: static shapes, one graph, the ISA in the cache key."""
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=_isa_options())
 
 
 class _Checked:
