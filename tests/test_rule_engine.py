@@ -358,7 +358,7 @@ def test_reach_memo_answers_as_a_fresh_search() -> None:
     any order, each answer equals a search from scratch. Graph: parameters mixed with the input at several depths."""
     import random
 
-    from hookviz.methods.lrp.reach import InputReach
+    from hookviz.methods.rules.reach import InputReach
 
     x = torch.randn(3, requires_grad=True)
     p, q = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(3))

@@ -29,12 +29,12 @@ from ...hooks import HookManager
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
+from ..rules.reach import InputReach
 from .attention import MHA, SDPA, mha_heads
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .held_attention import held_attention
 from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
-from .reach import InputReach
 from .rules import Epsilon, Gradient, Norm, Pass, Rule
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
 from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MATMUL_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS

@@ -42,11 +42,11 @@ from ..cam_layer import is_attention_module
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
+from ..rules.reach import InputReach
 from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .norm import norm_map
 from .output_rows import output_layer
-from .reach import InputReach
 from .rulecall import Kept, Recompute, _PassFn, value
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
 from .transformer import NormIdentity, module_kind

@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from ..rules import Call, RuleTable, spellings
 from ..rules import Rule as EngineRule
+from ..rules.reach import InputReach
 from .attention import MHA, SDPA, mha, sdpa
 from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
 from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
-from .reach import InputReach
 from .rulecall import NOT_HANDLED, Kept, Recompute, RuleCall, _PassFn
 from .rules import Rule
 from .transformer import TransformerRules

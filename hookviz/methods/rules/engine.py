@@ -163,6 +163,9 @@ class RuleEngine:
             result = rule.apply(call)
         finally:
             self.depth -= 1
+        if result is NotImplemented and not rule.owns_call:  # the rule cannot take this call: it keeps its output
+            self._recorder.not_covered("module", name)
+            return None
         if rule.owns_call and (result is None or result is NotImplemented):
             self._recorder.declined_by(rule.name, "module", name)
             return None
@@ -200,6 +203,9 @@ class RuleEngine:
         self._counts[name] += 1
         call = Call(func, name, "functional", args, kwargs, output, self.hooks, split, self._counts[name], runs_as)
         result = rule.apply(call)  # runs inside __torch_function__, where the mode is off: nothing is intercepted
+        if result is NotImplemented:  # the rule cannot take this call (DeepLift's rescale with a second input)
+            self._recorder.not_covered("functional", name)
+            return call.input.copy_(output) if split else output
         self._recorder.rewritten(rule.name, "functional", name)
         if result is None or result is output:
             return call.input.copy_(output) if split else output

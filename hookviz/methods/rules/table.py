@@ -32,7 +32,9 @@ class Rule:
 
     Attributes:
         name: the rule's name in the coverage report (``"ReLU"``, ``"rescale"``, ``"epsilon"``).
-        apply: ``(call) -> Tensor | None``.
+        apply: ``(call) -> Tensor | None``; `NotImplemented` where the rule cannot take this call (an elementwise
+            rule on a call with a second input that needs a gradient): the call keeps its output and is reported as
+            not covered.
         needs_input: the rule reads the call's input after the operation ran: modules that work in place
             (``inplace=True``) run out of place while the engine's hooks live, and in-place functional calls
             (``torch.relu_``, ``F.relu(x, inplace=True)``, ``a += b``) run their out-of-place variant, the rule's

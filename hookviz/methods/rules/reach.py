@@ -1,6 +1,7 @@
-"""`InputReach`: whether a tensor in an LRP forward pass depends on the explained input, read from the autograd
-graph, not from ``requires_grad``: a parameter is a constant to the rules whether or not the user trains it (a
-frozen position embedding and a trainable one get the same relevance)."""
+"""`InputReach`: whether a tensor in a rule engine's forward pass depends on the explained input, read from the
+autograd graph, not from ``requires_grad``: a parameter is a constant to the rules whether or not the user trains it
+(LRP gives a frozen position embedding and a trainable one the same relevance; DeepLift does not report an
+operation on weights alone, such as a weight standardisation, as one without a rule)."""
 
 from __future__ import annotations
 
