@@ -124,13 +124,42 @@ def test_deeplift_covers_functional_and_reused_nonlinearities() -> None:
     assert float((plain.sum(1) - delta).abs().max()) > 0.01
 
 
-def test_deeplift_warns_when_delta_is_missed() -> None:
+class _Cumprod(nn.Module):
+    """A nonlinearity DeepLift has no rule for (a running product along the features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cumprod(self.a(x), dim=1))
+
+
+def test_deeplift_warns_and_names_the_operation_when_delta_is_missed() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 6), nn.Hardswish(), nn.Linear(6, 2)).eval()  # no rule for Hardswish
+    model = _Cumprod().eval()
     dl = hv.DeepLift(model, 0.0)
-    with pytest.warns(UserWarning, match=r"DeepLift: attributions of input \d sum to .* > 1%\): a nonlinearity"):
+    with pytest.warns(
+        UserWarning,
+        match=r"DeepLift: attributions of input \d sum to .* > 1%\): operations without a DeepLift rule ran: "
+        r"torch\.cumprod x1; they pass their plain gradient",
+    ):
         dl.attribute(torch.randn(3, 4) * 3, 0)
     assert dl.last_delta.shape == (3, 1)
+    assert dl.rule_coverage.uncovered == {"torch.cumprod": 1}
+    # an operation on the weights alone is not named (a weight standardisation, as timm's NF-nets)
+    torch.manual_seed(0)
+    scaled = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)).eval()
+
+    class WeightNorm(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = scaled[0].weight
+            return scaled[2](F.relu(F.linear(x, w / w.norm(dim=1, keepdim=True))))
+
+    dl = hv.DeepLift(WeightNorm(), 0.0)
+    dl.attribute(torch.randn(3, 4), 0)
+    assert dl.rule_coverage.uncovered == {}
 
 
 def test_deeplift_shap_equals_captum() -> None:

@@ -61,7 +61,7 @@ LAYERS: list[str] = [
     "hookviz.methods.attention.*",
     "hookviz.methods.perturbation",
     "hookviz.methods.lrp.*",
-    "hookviz.methods.deeplift",
+    "hookviz.methods.deeplift.*",
     "hookviz.methods.shap",
     "hookviz.methods",
     # recorders and the gradient-flow monitor

@@ -2,7 +2,9 @@
 
 A baseline spec is None (zeros), a number (a constant image) or a tensor that broadcasts to the inputs' shape
 (Integrated Gradients also takes a tuple of those, one per input tensor). `check_baseline` checks a spec when a
-method is built; `baseline_like` turns it into a tensor like the input at call time.
+method is built; `baseline_like` turns it into a tensor like the input at call time. DeepLiftShap and GradientShap
+take a distribution of baselines instead (a number or a tensor (B, ...)): `check_distribution`,
+`check_distribution_shape` and `distribution`.
 """
 
 from __future__ import annotations
@@ -54,3 +56,40 @@ def check_baseline(baseline: object) -> None:
         raise ValueError(f"baseline must be a finite number (a constant image), got {baseline!r}")
     if isinstance(baseline, Tensor):
         check_finite(baseline, "baseline")
+
+
+def check_distribution(baselines: object) -> None:
+    """A distribution of baselines (DeepLiftShap, GradientShap) checked: a finite number, or a non-empty float tensor
+    (B, ...) of finite values; else a clear TypeError/ValueError."""
+    if isinstance(baselines, Real) and not isinstance(baselines, bool):
+        if not math.isfinite(baselines):
+            raise ValueError(f"baselines must be a finite number (one constant baseline), got {baselines!r}")
+        return
+    if not isinstance(baselines, Tensor):
+        raise TypeError(
+            f"baselines must be a tensor (B, ...) of B baselines or a number (one constant baseline), got "
+            f"{type(baselines).__name__}"
+        )
+    if not baselines.is_floating_point():
+        raise TypeError(f"baselines must hold floating-point values, got dtype {baselines.dtype}")
+    if baselines.dim() < 1 or baselines.shape[0] == 0:
+        raise ValueError(
+            f"baselines is an empty distribution (shape {tuple(baselines.shape)}); give B >= 1 baselines (B, C, H, W)"
+        )
+    check_finite(baselines, "baselines")
+
+
+def distribution(baselines: Tensor | float, x: Tensor) -> Tensor:
+    """The baselines (B, ...) on `x`'s device and dtype; a number is one constant baseline shaped like one input."""
+    if not isinstance(baselines, Tensor):
+        return torch.full((1, *x.shape[1:]), float(baselines), device=x.device, dtype=x.dtype)
+    return baselines.detach().to(device=x.device, dtype=x.dtype)
+
+
+def check_distribution_shape(baselines: Tensor | float, x: Tensor) -> None:
+    """Baselines (B, ...) shaped like one input of `x` (N, ...), or a clear ValueError."""
+    if isinstance(baselines, Tensor) and tuple(baselines.shape[1:]) != tuple(x.shape[1:]):
+        raise ValueError(
+            f"baselines of shape {tuple(baselines.shape)} do not match the inputs' shape {tuple(x.shape)}: give B "
+            f"baselines shaped like one input, (B, {', '.join(map(str, x.shape[1:]))})"
+        )

@@ -34,7 +34,7 @@ IGMethod: TypeAlias = Literal["riemann_left", "riemann_right", "riemann_middle",
 IG_METHODS: tuple[str, ...] = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 
 # Signed maps (input times gradient): sum the channels, keep 0 at the middle of the colour map.
-_SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay": False}
+SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay": False}
 
 
 # -- shared helpers -------------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class InputXGradient(InputGradientAttribution):
         attr = hookviz.InputXGradient(model).attribute(x, target=281)
     """
 
-    display_defaults = _SIGNED_DISPLAY
+    display_defaults = SIGNED_DISPLAY
     layer_support = True
 
     def _from_gradient(self, x: Tensor, grad: Tensor) -> Tensor:
@@ -265,7 +265,7 @@ class IntegratedGradients(Attribution):
         attr = ig.attribute(x, target=281); print(ig.last_delta)
     """
 
-    display_defaults = _SIGNED_DISPLAY
+    display_defaults = SIGNED_DISPLAY
     multi_input = True
     expands_batch = True
 

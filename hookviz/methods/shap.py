@@ -19,8 +19,8 @@ from .._checks import positive_int
 from ..hooks import HookManager
 from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resolve_targets
 from .base import Attribution, register
-from .deeplift import _check_distribution, _check_distribution_shape, distribution
-from .gradient import _SIGNED_DISPLAY
+from .baseline import check_distribution, check_distribution_shape, distribution
+from .gradient import SIGNED_DISPLAY
 
 
 def draw(
@@ -50,7 +50,7 @@ class GradientShap(Attribution):
     Targets: None means the top class of each input x (one extra forward pass without gradients).
     """
 
-    display_defaults = _SIGNED_DISPLAY
+    display_defaults = SIGNED_DISPLAY
 
     def __init__(
         self,
@@ -63,7 +63,7 @@ class GradientShap(Attribution):
         eval_mode: bool = True,
         backward: BackwardStrategy = "auto",
     ) -> None:
-        _check_distribution(baselines)
+        check_distribution(baselines)
         n_samples = positive_int("n_samples", n_samples, "draws per input")
         if isinstance(stdevs, bool) or not isinstance(stdevs, int | float) or not stdevs >= 0:
             raise ValueError(f"stdevs must be a number >= 0 (the noise's standard deviation), got {stdevs!r}")
@@ -76,7 +76,7 @@ class GradientShap(Attribution):
         self.generator = generator
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
-        _check_distribution_shape(self.baselines, x)
+        check_distribution_shape(self.baselines, x)
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
