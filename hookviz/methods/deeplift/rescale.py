@@ -1,6 +1,6 @@
 r"""DeepLift's rescale rule on every elementwise function of one input (Shrikumar et al., 2017, arXiv:1704.02685,
 section 3.5.1): for ``y = f(t)`` the multiplier of each row is the secant slope to its reference row,
-$$ m = (f(t) - f(t')) / (t - t') $$, the derivative where ``|t - t'| < 1e-10`` (captum's threshold). Then
+$$ m = (f(t) - f(t')) / (t - t') $$, the derivative where ``t - t'`` is at the dtype's rounding (`negligible`). Then
 ``m * (t - t') = f(t) - f(t')`` holds for each element whatever f is: monotone or not (GELU, SiLU, Mish), smooth
 or not (ReLU6, Hardswish), so the rule covers every elementwise function, activations and arithmetic alike (``exp``,
 ``rsqrt``, ``x ** 2``).
@@ -19,7 +19,6 @@ from torch.autograd.function import once_differentiable
 from ..rules import Call, Rule, spellings
 from .rows import differences
 
-EPS = 1e-10  # captum's threshold below which a difference counts as zero
 
 #: Elementwise activation modules (subclasses too: ``nn.ReLU6`` is an ``nn.Hardtanh``).
 MODULES: tuple[type[nn.Module], ...] = (
@@ -89,11 +88,23 @@ class _RescaleFn(torch.autograd.Function):
         return rescaled(ctx.fn, t, y, g), None, None, None
 
 
+def negligible(t: Tensor, d_in: Tensor) -> Tensor:
+    """Where the rows' difference `d_in` (2n, ...) of the rows `t` is at the dtype's rounding, ``|t - t'| <= 4 u
+    (|t| + |t'|)`` (u: the unit roundoff), or not a number (two rows at -inf, a masked score): there the multiplier
+    is the derivative, and the secant would divide rounding noise by rounding noise. The threshold is relative:
+    captum's absolute 1e-10 takes the derivative also where a difference is real but small (1e-11 at values of 1),
+    which in float64 missed GoogLeNet's summation-to-delta by 2e4 rounding units."""
+    a, b = t.chunk(2)
+    size = (a.abs() + b.abs()).repeat(2, *(1,) * (a.dim() - 1))
+    unit = torch.finfo(t.dtype).eps / 2 if t.is_floating_point() else 0.0
+    return ~(d_in.abs() > 4 * unit * size)
+
+
 def rescaled(fn: Callable[[Tensor], Tensor], t: Tensor, y: Tensor, g: Tensor) -> Tensor:
     """``g * (f(t) - f(t')) / (t - t')`` of the rows `t` (2n, ...) and their outputs `y`; ``g * f'(t)`` where the
-    rows' difference is under `EPS`."""
+    rows' difference is `negligible`."""
     d_in = differences(t)
-    small = ~(d_in.abs() >= EPS)  # NaN too: two rows at -inf (a masked score) take the derivative
+    small = negligible(t, d_in)
     with torch.enable_grad():
         tr = t.detach().requires_grad_(True)
         (plain,) = torch.autograd.grad(fn(tr), tr, g)

@@ -11,8 +11,8 @@ $$ \Delta y_j = \underbrace{(\max(y_j, y'_j) - y'_j)}_{\text{to } s(j)} +
    \underbrace{(y_j - \max(y_j, y'_j))}_{\text{to } s'(j)} $$
 
 and each input's multiplier is the sum of what reaches it over every window it is selected in, divided by its own
-difference ``t_i - t'_i`` (the gradient where that is under 1e-10; no share reaches such an input, since then
-``y_j = y'_j``). So ``sum_i m_i (t_i - t'_i) = sum_j g_j (y_j - y'_j)`` for any overlap of the windows.
+difference ``t_i - t'_i`` (the gradient where that is at rounding, `rescale.negligible`; no share reaches an
+input whose difference is zero, since then ``y_j = y'_j``). So ``sum_i m_i (t_i - t'_i) = sum_j g_j (y_j - y'_j)`` for any overlap of the windows.
 
 The shares are routed by the pool's own backward pass (the vector-Jacobian product of the pool at each row, with
 the share as the output's gradient), which adds what overlapping windows send to one input. The previous rule,
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..rules import Call, Rule, out_of_place, spellings
-from .rescale import EPS, elementwise
+from .rescale import elementwise, negligible
 from .rows import differences
 
 MODULES: tuple[type[nn.Module], ...] = (
@@ -81,7 +81,7 @@ class _SelectFn(torch.autograd.Function):
         a, b = routed.chunk(2)
         reached = (a + b).repeat(2, *(1,) * (a.dim() - 1))  # what reaches input i, from either row's selection
         d_in = differences(t)
-        small = ~(d_in.abs() >= EPS)
+        small = negligible(t, d_in)
         return torch.where(small, plain, reached / torch.where(small, torch.ones_like(d_in), d_in)), None, None, None
 
 
