@@ -39,11 +39,17 @@ def stabilize(z: Tensor, epsilon: float = 1e-6) -> Tensor:
 
 def stabilized_ratio(r: Tensor, z: Tensor, epsilon: float = 1e-6) -> Tensor:
     """``r / stabilize(z, epsilon)``, the same numbers, written into the fresh denominator where its shape and dtype
-    are the result's: one output-sized temporary fewer at the backward pass's peak (an LM head's logits are large)."""
+    are the result's: one output-sized temporary fewer at the backward pass's peak (an LM head's logits are large).
+
+    With epsilon 0 a zero denominator gives 0, not 0/0: a neuron with ``z = 0`` passes no relevance (it has none to
+    pass where the rules conserve: its relevance is its activation times a factor), so that the unstabilised rules
+    conserve exactly on bias-free networks instead of spreading NaN."""
     d = stabilize(z, epsilon)
     if d.shape == torch.broadcast_shapes(r.shape, d.shape) and torch.result_type(r, d) == d.dtype:
-        return torch.div(r, d, out=d)
-    return r / d
+        out = torch.div(r, d, out=d) if epsilon != 0 else torch.div(r, d).masked_fill_(d == 0, 0.0)
+        return out
+    out = r / d
+    return out if epsilon != 0 else out.masked_fill_((d == 0).expand_as(out), 0.0)
 
 
 def _check_eps(name: str, value: object) -> float:
