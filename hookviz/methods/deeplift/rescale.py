@@ -19,7 +19,6 @@ from torch.autograd.function import once_differentiable
 from ..rules import Call, Rule, spellings
 from .rows import differences
 
-
 #: Elementwise activation modules (subclasses too: ``nn.ReLU6`` is an ``nn.Hardtanh``).
 MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU,

@@ -12,7 +12,8 @@ $$ \Delta y_j = \underbrace{(\max(y_j, y'_j) - y'_j)}_{\text{to } s(j)} +
 
 and each input's multiplier is the sum of what reaches it over every window it is selected in, divided by its own
 difference ``t_i - t'_i`` (the gradient where that is at rounding, `rescale.negligible`; no share reaches an
-input whose difference is zero, since then ``y_j = y'_j``). So ``sum_i m_i (t_i - t'_i) = sum_j g_j (y_j - y'_j)`` for any overlap of the windows.
+input whose difference is zero, since then ``y_j = y'_j``). So ``sum_i m_i (t_i - t'_i) = sum_j g_j (y_j - y'_j)``
+for any overlap of the windows.
 
 The shares are routed by the pool's own backward pass (the vector-Jacobian product of the pool at each row, with
 the share as the output's gradient), which adds what overlapping windows send to one input. The previous rule,
