@@ -13,11 +13,10 @@ Hugging Face's ViT.
 - Integrated Gradients (trapezoid rule): its sum equals the quadrature of the path integrand computed here, and that
   quadrature is within its error bound of ``f_c(x) - f_c(x')`` (`test_integrated_gradients_within_quadrature_error`).
 
-Rounding bound of an exact sum in float64: every operation rounds each term it adds once (relative u = 2^-53), so
-the computed sum differs from the exact one by at most about L u S, L the operations a term passes and S the sum
-of the magnitudes involved (|A| summed over the input, |f(x)|, |f(x')|). `rounding` takes L as 4 times the model's
-module count (a module runs a few operations; the two-factor split rounds twice per term). Measured: the worst
-family stays below 0.15 L u S.
+Rounding bound of an exact sum in float64 (`axiom_sweep.rounding`): every operation rounds each term it adds once
+(relative u = 2^-53), so the computed sum differs from the exact one by at most about L u S, L the operations a term
+passes and S the sum of the magnitudes involved (|A| summed over the input, |f(x)|, |f(x')|); L is taken as 4 times
+the model's module count. Measured: the worst family stays below 0.15 L u S.
 """
 
 from __future__ import annotations
@@ -46,14 +45,9 @@ _spec.loader.exec_module(axioms)
 ARCHS = {a.name: a for a in axioms.sweep.subset_archs()}
 ARCHS.update({a.name: a for a in axioms.sweep.all_archs() if a.name in ("tv/googlenet", "tv/efficientnet_b0")})
 ARCHS.update({a.name: a for a in axioms.sweep.all_archs() if a.name in ("tv/mobilenet_v3_small", "tv/densenet121")})
-U = 2.0**-53
+U = axioms.U
 TARGETS = torch.tensor([[0, 1], [0, 1]])
-
-
-def rounding(model: nn.Module, a: Tensor, *outputs: Tensor) -> Tensor:
-    """(N, K) rounding bound of an exact sum (module docstring)."""
-    scale = a.abs().flatten(2).sum(2) + sum(o.abs() for o in outputs)
-    return 4 * len(list(model.modules())) * U * scale
+rounding = axioms.rounding  # the rounding bound of an exact sum (module docstring)
 
 
 def inputs(name: str) -> Tensor:
