@@ -86,8 +86,23 @@ def _deeplift(
     return grads[:n], targets, ref, engine.coverage
 
 
+class _Multipliers(Attribution):
+    """What DeepLift and DeepLiftShap share: signed maps, ``multiply_by_inputs``, ``last_delta`` and the rule
+    engine's report ``rule_coverage``."""
+
+    display_defaults = SIGNED_DISPLAY
+
+    def __init__(self, model: nn.Module, multiply_by_inputs: bool, eval_mode: bool, backward: BackwardStrategy) -> None:
+        if not isinstance(multiply_by_inputs, bool):
+            raise TypeError(f"multiply_by_inputs must be True or False, got {multiply_by_inputs!r}")
+        super().__init__(model, eval_mode=eval_mode, backward=backward)
+        self.multiply_by_inputs = multiply_by_inputs
+        self.last_delta: Tensor | None = None
+        self.rule_coverage: Coverage | None = None
+
+
 @register("deeplift")
-class DeepLift(Attribution):
+class DeepLift(_Multipliers):
     r"""DeepLift, rescale rule (Shrikumar et al., 2017, "Learning Important Features Through Propagating Activation
     Differences", ICML, arXiv:1704.02685).
 
@@ -111,8 +126,6 @@ class DeepLift(Attribution):
         attr = dl.attribute(x, target=3); print(dl.last_delta)
     """
 
-    display_defaults = SIGNED_DISPLAY
-
     def __init__(
         self,
         model: nn.Module,
@@ -125,14 +138,9 @@ class DeepLift(Attribution):
         if baseline is None or isinstance(baseline, tuple):
             raise TypeError("baseline must be a number or a tensor that broadcasts to the inputs' shape")
         check_baseline(baseline)
-        if not isinstance(multiply_by_inputs, bool):
-            raise TypeError(f"multiply_by_inputs must be True or False, got {multiply_by_inputs!r}")
-        super().__init__(model, eval_mode=eval_mode, backward=backward)
+        super().__init__(model, multiply_by_inputs, eval_mode, backward)
         self.baseline = baseline
-        self.multiply_by_inputs = multiply_by_inputs
-        self.last_delta: Tensor | None = None
         self.coverage: dict[str, Any] | None = None
-        self.rule_coverage: Coverage | None = None
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         base = baseline_like(self.baseline, x)  # shape errors before any work
@@ -156,7 +164,7 @@ class DeepLift(Attribution):
 
 
 @register("deeplift-shap")
-class DeepLiftShap(Attribution):
+class DeepLiftShap(_Multipliers):
     r"""DeepLiftShap (Lundberg & Lee, 2017, "A Unified Approach to Interpreting Model Predictions", NeurIPS):
     DeepLift (same rules) averaged over a distribution of B baselines, as captum's ``DeepLiftShap``: every input
     paired with every baseline (N * B rows and their N * B baselines in one forward pass),
@@ -169,8 +177,6 @@ class DeepLiftShap(Attribution):
             one constant baseline (default 0.0, which makes it DeepLift with a zero baseline).
     """
 
-    display_defaults = SIGNED_DISPLAY
-
     def __init__(
         self,
         model: nn.Module,
@@ -181,13 +187,8 @@ class DeepLiftShap(Attribution):
         backward: BackwardStrategy = "auto",
     ) -> None:
         check_distribution(baselines)
-        if not isinstance(multiply_by_inputs, bool):
-            raise TypeError(f"multiply_by_inputs must be True or False, got {multiply_by_inputs!r}")
-        super().__init__(model, eval_mode=eval_mode, backward=backward)
+        super().__init__(model, multiply_by_inputs, eval_mode, backward)
         self.baselines = baselines
-        self.multiply_by_inputs = multiply_by_inputs
-        self.last_delta: Tensor | None = None
-        self.rule_coverage: Coverage | None = None
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
         check_distribution_shape(self.baselines, x)

@@ -39,14 +39,6 @@ MUL_FUNCTIONS: dict[Callable[..., Any], str] = {
     Tensor.mul_: "*=",
     Tensor.__imul__: "*=",
 }
-MATMUL_FUNCTIONS: dict[Callable[..., Any], str] = {
-    torch.matmul: "torch.matmul",
-    Tensor.matmul: "@",
-    Tensor.__matmul__: "@",
-    Tensor.__rmatmul__: "@",
-    torch.bmm: "torch.bmm",
-    Tensor.bmm: "Tensor.bmm",
-}
 DIV_FUNCTIONS: dict[Callable[..., Any], str] = {
     torch.div: "torch.div",
     torch.divide: "torch.divide",

@@ -32,21 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..rules import Call, Rule, out_of_place, spellings
+from ..rules import MAX_POOL_MODULES, Call, Rule, out_of_place, spellings
 from .rescale import elementwise, negligible
 from .rows import differences
 
-MODULES: tuple[type[nn.Module], ...] = (
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.MaxPool3d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveMaxPool3d,
-)
+MODULES = MAX_POOL_MODULES
 _POOLS = ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d")
 POOL_FUNCTIONS = {func: label for name in _POOLS for func, label in spellings(name, inplace=False).items()}
 REDUCTION_FUNCTIONS = {

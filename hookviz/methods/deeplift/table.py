@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ..rules import RuleTable, function_name
+from ..rules import MATMUL_FUNCTIONS, RuleTable, function_name
 from ..rules.reach import InputReach
 from . import decomposed, products, rescale, selection
 
@@ -102,7 +102,7 @@ def rule_table() -> RuleTable:
         .functions(selection.POOL_FUNCTIONS, selection.MAX_POOL)
         .functions(selection.REDUCTION_FUNCTIONS, selection.REDUCTION)
         .functions(products.MUL_FUNCTIONS, products.PRODUCT)
-        .functions(products.MATMUL_FUNCTIONS, products.MATRIX_PRODUCT)
+        .functions(MATMUL_FUNCTIONS, products.MATRIX_PRODUCT)
         .functions(products.DIV_FUNCTIONS, products.QUOTIENT)
         .functions(products.ADDCMUL_FUNCTIONS, products.ADDCMUL)
         .functions(decomposed.SOFTMAX_FUNCTIONS, decomposed.SOFTMAX)

@@ -36,6 +36,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ...hooks import Selector, select_modules
+from ..rules import MAX_POOL_MODULES
 from .rules import AlphaBeta, Epsilon, Flat, Gamma, Gradient, Norm, Pass, Rule, ZBox, ZPlus
 from .transformer import Attention, NormIdentity, Softmax, TransformerRules, Uniform, module_kind
 
@@ -85,12 +86,7 @@ AVG_POOLS: tuple[type[nn.Module], ...] = (
 BATCH_NORMS: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 # layers whose plain gradient is the relevance rule (routing, reshaping, identity in eval mode)
 GRADIENT_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.MaxPool3d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveMaxPool3d,
+    *MAX_POOL_MODULES,
     nn.Dropout,
     nn.Dropout1d,
     nn.Dropout2d,

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...hooks import HookManager
-from ..rules import Call, Coverage, RuleEngine, RuleTable
+from ..rules import MATMUL_FUNCTIONS, Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
 from ..rules.reach import InputReach
@@ -37,7 +37,7 @@ from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Epsilon, Gradient, Norm, Pass, Rule
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
-from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MATMUL_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
+from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
 # elementwise activations whose identity rule is not their own gradient (ReLU-like ones need no rule: y / x is
 # their derivative wherever x != 0)

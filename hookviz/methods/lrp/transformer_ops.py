@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..rules import Call, RuleTable, spellings
+from ..rules import MATMUL_FUNCTIONS, Call, RuleTable, spellings
 from ..rules import Rule as EngineRule
 from ..rules.reach import InputReach
 from .attention import MHA, SDPA, mha, sdpa
@@ -27,14 +27,6 @@ from .transformer import TransformerRules
 
 # -- the operations a transformer composite intercepts ---------------------------------------------------------------
 
-MATMUL_FUNCTIONS: dict[Callable[..., Any], str] = {
-    torch.matmul: "torch.matmul",
-    Tensor.matmul: "@",
-    Tensor.__matmul__: "@",
-    Tensor.__rmatmul__: "@",
-    torch.bmm: "torch.bmm",
-    Tensor.bmm: "Tensor.bmm",
-}
 MUL_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.mul: "*", torch.mul: "torch.mul", Tensor.__rmul__: "*"}
 EINSUM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.einsum: "torch.einsum"}
 BADDBMM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.baddbmm: "torch.baddbmm", Tensor.baddbmm: "Tensor.baddbmm"}

@@ -50,10 +50,12 @@ LRP (``methods/lrp/propagate.py``: ``LRPRun.table``) is a table built per call f
 from .call import Call
 from .coverage import Coverage, first_few
 from .engine import RuleEngine
-from .ops import function_name, out_of_place, spellings
+from .ops import MATMUL_FUNCTIONS, MAX_POOL_MODULES, function_name, out_of_place, spellings
 from .table import Rule, RuleTable
 
 __all__ = [
+    "MATMUL_FUNCTIONS",
+    "MAX_POOL_MODULES",
     "Call",
     "Coverage",
     "Rule",

@@ -14,7 +14,28 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+#: Every spelling of a matrix product of two tensors (``a @ b`` reaches a function mode as ``Tensor.matmul``; a
+#: subclass or an older torch may dispatch the dunders), with its report name; the tables of LRP and DeepLift use it.
+MATMUL_FUNCTIONS: dict[Callable[..., Any], str] = {
+    torch.matmul: "torch.matmul",
+    Tensor.matmul: "@",
+    Tensor.__matmul__: "@",
+    Tensor.__rmatmul__: "@",
+    torch.bmm: "torch.bmm",
+    Tensor.bmm: "Tensor.bmm",
+}
+
+#: The max pools among the modules (LRP passes their gradient, DeepLift gives them its selection rule).
+MAX_POOL_MODULES: tuple[type[nn.Module], ...] = (
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.MaxPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+)
 
 # the namespaces a functional call is looked up in, in the order a report prefers their names (``torch.relu_`` is
 # also ``F.relu_``, ``torch.conv2d`` also ``F.conv2d``: the torch name wins)
