@@ -251,3 +251,26 @@ def test_no_private_names_across_packages(module: str) -> None:
     # shared helpers under public names), not borrowed from another package's internals
     found = private_imports(module, MODULES[module])
     assert not found, f"{module} imports private names of another package: {found}"
+
+
+def test_no_import_cycles_inside_packages() -> None:
+    """The layer order allows a package's own modules (``hookviz.generation.*``) to import one another; none may
+    import back, directly or around a circle, not even for type hints (a module that only needs another's type
+    names a Protocol of what it uses)."""
+    graph = {m: {t for _, t in imports_of(m, p) if t != m and t in MODULES} for m, p in MODULES.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append(path[path.index(target) :] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)

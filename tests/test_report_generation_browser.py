@@ -15,7 +15,7 @@ from chromium import require
 from test_report_generation import METHODS, STEPS, explain_retrieval, handmade, script_data
 
 import hookviz as hv
-from hookviz.generation.explanation import finite_max
+from hookviz.generation.views import finite_max
 from hookviz.text import token_colour
 
 require()  # skips this module without Playwright or Chromium

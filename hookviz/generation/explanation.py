@@ -10,7 +10,6 @@ plain JSON-ready data (`to_dict`); the drawing lives in `hookviz.generation.view
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from os import PathLike
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .._formats import save_format
+from . import views
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -185,9 +185,7 @@ class GenerationExplanation:
         """Self-contained HTML (no script, no network): per prompt, one line per generated token with the source
         coloured by its scores (red for, blue against; hover for the number). `scale`: ``"row"`` (each generated
         token's largest |score| is full colour), ``"prompt"`` (one scale per prompt) or a number."""
-        from .views import to_html
-
-        return to_html(self, max_prompts=max_prompts, scale=scale)
+        return views.to_html(self, max_prompts=max_prompts, scale=scale)
 
     def _repr_html_(self) -> str:
         """Jupyter's rich view: `to_html`."""
@@ -196,9 +194,7 @@ class GenerationExplanation:
     def figure(self, max_prompts: int | None = 4) -> Figure:
         """A matplotlib Figure (no pyplot): per prompt a heat map, generated tokens x source tokens, labelled with
         the tokens (readable at 100 source tokens), one symmetric colour scale per prompt, future entries grey."""
-        from .views import figure
-
-        return figure(self, max_prompts=max_prompts)
+        return views.figure(self, max_prompts=max_prompts)
 
     def save(self, path: str | PathLike[str], **options: Any) -> Path:
         """Save as HTML (``.html``) or as a figure (``.png``, ``.pdf``, ``.svg``, ...); options of `to_html` /
@@ -242,9 +238,3 @@ def _combine(name: str, values: Tensor, groups: list[list[int]]) -> Tensor:
         else:
             out.append(v.max())
     return torch.stack(out) if out else values.new_zeros((0,))
-
-
-def finite_max(t: Tensor) -> float:
-    """The largest |value| of `t` (0 for an empty tensor), for colour scales."""
-    m = float(t.detach().abs().max()) if t.numel() else 0.0
-    return m if math.isfinite(m) else 0.0

@@ -11,16 +11,46 @@ tokens and the figure grows, so 100 source tokens stay readable.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from torch import Tensor
 
 from .._checks import int_option, number_option
 from ..text import token_colour
-from .explanation import finite_max
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .explanation import GenerationExplanation
+
+class GenerationExplanation(Protocol):
+    """What the views read of a `hookviz.generation.explanation.GenerationExplanation` (which imports this module
+    for its `to_html` and `figure`: the views name its fields, not the class)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def score(self) -> str: ...
+    @property
+    def scores(self) -> Sequence[Tensor]: ...
+    @property
+    def prompt_lengths(self) -> Sequence[int]: ...
+    @property
+    def source_tokens(self) -> Sequence[Sequence[str]]: ...
+    @property
+    def generated_tokens(self) -> Sequence[Sequence[str]]: ...
+    @property
+    def step_scores(self) -> Mapping[str, Sequence[Tensor]]: ...
+    @property
+    def contrast_tokens(self) -> Sequence[Sequence[str]] | None: ...
+
+
+def finite_max(t: Tensor) -> float:
+    """The largest |value| of `t` (0 for an empty tensor), for colour scales."""
+    m = float(t.detach().abs().max()) if t.numel() else 0.0
+    return m if math.isfinite(m) else 0.0
+
 
 # inline blocks: a line of tokens wraps between them, and a token's own spaces stay visible inside its box
 _LINE = "line-height: 1.9; font-family: monospace; border-bottom: 1px solid #ddd"

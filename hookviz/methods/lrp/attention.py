@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,23 @@ from torch import Tensor
 from ..rules.ops import bind_mha, bind_sdpa
 from .rulecall import NOT_HANDLED
 
-if TYPE_CHECKING:
-    from .transformer_ops import TransformerOps
+
+class TransformerOps(Protocol):
+    """What the decompositions here call on `transformer_ops.TransformerOps`, the table entries that run them (it
+    imports this module, so the functions name its methods rather than import the class)."""
+
+    @property
+    def linear(self) -> Callable[[Tensor, Tensor, Tensor | None, str], Tensor]: ...
+    def depends(self, t: object) -> bool: ...
+    def tag(self, t: Tensor) -> Tensor: ...
+    def _where(self, what: str) -> str: ...
+    def sum(self, what: str, a: Tensor, b: Tensor, depend: tuple[bool, bool], link: Tensor | None = None) -> Tensor: ...
+    def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor: ...
+    def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor: ...
+    def attention(
+        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, need_p: bool
+    ) -> tuple[Tensor, Tensor | None] | None: ...
+
 
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward

@@ -16,7 +16,7 @@
     return [...(v >= 0 ? POSITIVE : NEGATIVE), a];
   }
   const css = (c) => "rgba(" + c[0] + ", " + c[1] + ", " + c[2] + ", " + c[3].toFixed(3) + ")";
-  // hookviz.generation.explanation.finite_max: the largest |value|, 0 where that is not finite
+  // hookviz.generation.views.finite_max: the largest |value|, 0 where that is not finite
   function finiteMax(values) {
     let m = 0;
     for (const v of values) m = Math.max(m, Math.abs(v));
