@@ -17,8 +17,8 @@ Tables, in this order (random weights, seed 0, eval mode; torchvision's resnet50
   LRP ``epsilon-plus-flat`` and zennit's ``EpsilonPlusFlat`` with its ``ResNetCanonizer``;
 - ``lrp64``: the LRP rows of ``batch1`` at batch 64;
 - ``llama``: AttnLRP and CP-LRP on a LLaMA (8 layers, hidden 1024, 16 heads, 8 KV heads, vocabulary 32,000, the
-  other fields LlamaConfig's defaults, intermediate 11,008; sdpa; float32, TF32 off), explained at the token
-  embeddings for the last position's logit 1, at 1,024 tokens x batch 1 and 256 tokens x batch 8: the floor, lxt 2.1
+  other fields LlamaConfig's defaults: intermediate 11,008, ``--llama-intermediate``; sdpa; float32, TF32 off), at the
+  token embeddings for the last position's logit 1, at 1,024 tokens x batch 1 and 256 x 8: the floor, lxt 2.1
   and hookviz with its default stabilizers and with lxt's rules (epsilon 0: ``-eps0``), rows built by
   ``bench_attnlrp.build``;
 - ``vit``: timm ``vit_base_patch16_224`` at batch 64 (float32, TF32 off): the floor, AttnLRP, CP-LRP, GradientRollout;
@@ -41,10 +41,11 @@ for Grad-CAM (the CAM floor) the backward stops at the layer. In each group (a t
 computing the same thing are compared (max |hookviz - peer| / max |peer|), then the rows are timed round-robin with
 ``time.perf_counter``, the device synchronized before each clock read; the median is reported with min and max, and
 the peak memory of one more call (``torch.cuda.max_memory_allocated`` above the allocation before it; CUDA only).
-Repeats: as many as the group's share of ``--budget-s`` allows, at least 3 and at most ``--repeats``. A table that
-would start with too little of the budget left is skipped with a note; the results files are rewritten after every
-table, so a run cut short keeps what it measured. Writes ``gpu-<device>.md`` and ``.json`` under ``--out-dir``
-(default ``$OUT`` when set, else ``benchmarks/results``).
+Repeats: as many as the group's share of ``--budget-s`` allows, 3 to ``--repeats`` (fewer only once the whole budget
+is spent; n in the table). A table that would start with too little of the budget left is skipped with a note, and
+one that raises is stopped with a note; the results files are rewritten after every table, so a run cut short keeps
+what it measured. Writes ``gpu-<device>.md`` and ``.json`` under ``--out-dir`` (default ``$OUT`` when set, else
+``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import datetime
 import gc
 import json
@@ -159,9 +161,10 @@ class Run:
     notes: list[str] = field(default_factory=list)
     headings: dict[str, str] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
+    start: float = START  # the budget's clock: the process's start when run as a script
 
     def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - START)
+        return self.budget_s - (time.perf_counter() - self.start)
 
     def model(self, key: str, build: Callable[[], Any]) -> Any:
         if key not in self.cache:
@@ -343,9 +346,9 @@ def cnn(run: Run) -> nn.Module:
     return run.model("cnn", build)
 
 
-def images(n: int, run: Run, seed: int = 0) -> Tensor:
-    size = run.sizes.image
-    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed)).to(run.device)
+def images(n: int, run: Run, size: int | None = None) -> Tensor:
+    size = size or run.sizes.image
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0)).to(run.device)
 
 
 def frozen(model: nn.Module) -> nn.Module:
@@ -484,7 +487,7 @@ def gradient_rows(model: nn.Module, x: Tensor, t: Tensor, peers: bool) -> list[R
                 "Grad-CAM": pairs["GradCAM"][1],
             }
         except Exception as exc:  # noqa: BLE001
-            captum_rows = {name: _raiser(exc) for name in hv_rows}
+            captum_rows = {name: failing(exc) for name in hv_rows}
     for name, make in hv_rows.items():
         method = make()
         peer = f"captum {name}" if peers else None
@@ -493,19 +496,24 @@ def gradient_rows(model: nn.Module, x: Tensor, t: Tensor, peers: bool) -> list[R
     for name, fn in captum_rows.items():
         rows.append(Row(f"captum {name}", fn, floor="CAM floor" if name == "Grad-CAM" else "floor"))
     if peers:
-        try:
-            pgc = grad_cam_peer(model, x, t)
-        except Exception as exc:  # noqa: BLE001
-            pgc = _raiser(exc)
-        rows.append(Row("pytorch-grad-cam Grad-CAM", pgc, floor="CAM floor"))
+        rows.append(Row("pytorch-grad-cam Grad-CAM", guarded(partial(grad_cam_peer, model, x, t)), floor="CAM floor"))
     return rows
 
 
-def _raiser(exc: BaseException) -> Callable[[], Any]:
-    def fn() -> Any:
+def failing(exc: BaseException) -> Callable[..., Any]:
+    """A row's function that raises `exc` when called: a peer that could not be set up fails in its own row."""
+
+    def fn(*args: Any) -> Any:
         raise exc
 
     return fn
+
+
+def guarded(build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - reported where the row is called
+        return failing(exc)
 
 
 def lrp_rows(model: nn.Module, x: Tensor) -> list[Row]:
@@ -513,41 +521,28 @@ def lrp_rows(model: nn.Module, x: Tensor) -> list[Row]:
     keys = {"floor": "floor", "z+ floor": "zplus-floor", "hookviz LRP": "hookviz-lrp"}
     rows = [Row(name, partial(bench_rules.build(key, "resnet", model), x), floor="floor") for name, key in keys.items()]
     rows[-1].peer = "zennit EpsilonPlusFlat"
-    try:
-        zen = zennit_lrp(model, x, LRP_TARGET)
-    except Exception as exc:  # noqa: BLE001
-        zen = _raiser(exc)
-    rows.append(Row("zennit EpsilonPlusFlat", zen, floor="floor"))
+    rows.append(Row("zennit EpsilonPlusFlat", guarded(partial(zennit_lrp, model, x, LRP_TARGET)), floor="floor"))
     return rows
 
 
 # -- the tables -----------------------------------------------------------------------------------------------------
-def table_large(run: Run, allot: float) -> None:
-    n = run.sizes.large_batch
-    run.headings["large"] = (
-        f"**Large batch** ({run.sizes.cnn}, {run.sizes.image}x{run.sizes.image}, batch {n}, float32 with TF32 off). "
-        "× floor: against the floor (Grad-CAM: the CAM floor, whose backward stops at layer4); × peer: hookviz "
-        "against captum's same method; agreement: max |hookviz - captum| / max |captum|."
-    )
-    model = cnn(run)
-    x, t = images(n, run), class_targets(n, 1, run.device)[:, 0]
-    with precision(tf32=False):
-        measure(run, "large", f"batch {n}", gradient_rows(model, x, t, peers=True), allot)
-
-
-def table_bf16(run: Run, allot: float) -> None:
-    n = run.sizes.large_batch
-    run.headings["bf16"] = (
+def table_large(run: Run, allot: float, autocast: bool = False) -> None:
+    """The ``large`` table, or with `autocast` the ``bf16`` one (hookviz and the floors only)."""
+    n, table = run.sizes.large_batch, "bf16" if autocast else "large"
+    run.headings[table] = (
         f"**bf16 autocast** ({run.sizes.cnn}, batch {n}; every row, floors included, under "
         "`torch.autocast(dtype=torch.bfloat16)`)."
+        if autocast
+        else f"**Large batch** ({run.sizes.cnn}, {run.sizes.image}x{run.sizes.image}, batch {n}, float32 with TF32 "
+        "off). × floor: against the floor (Grad-CAM: the CAM floor, whose backward stops at layer4); × peer: hookviz "
+        "against captum's same method; agreement: max |hookviz - captum| / max |captum|."
     )
-    model = cnn(run)
     x, t = images(n, run), class_targets(n, 1, run.device)[:, 0]
-    rows = gradient_rows(model, x, t, peers=False)
-    for row in rows:
+    rows = gradient_rows(cnn(run), x, t, peers=not autocast)
+    for row in rows if autocast else ():
         row.fn = bf16(row.fn, run.device)
     with precision(tf32=False):
-        measure(run, "bf16", f"batch {n} bf16", rows, allot)
+        measure(run, table, f"batch {n}{' bf16' if autocast else ''}", rows, allot)
 
 
 def table_batch1(run: Run, allot: float) -> None:
@@ -592,13 +587,9 @@ def llama_fns(run: Run) -> dict[str, Callable[[Tensor], Any]]:
     """The LLaMA rows as functions of the token ids, built once (lxt's rows on their own copies of the model)."""
 
     def build() -> dict[str, Callable[[Tensor], Any]]:
-        fns: dict[str, Callable[[Tensor], Any]] = {}
-        for name, key in LLAMA_ROWS.items():
-            try:
-                fns[name] = bench_attnlrp.build(key, "llama", llama(run))
-            except Exception as exc:  # noqa: BLE001
-                fns[name] = _raiser(exc)
-        return fns
+        return {
+            name: guarded(partial(bench_attnlrp.build, key, "llama", llama(run))) for name, key in LLAMA_ROWS.items()
+        }
 
     return run.model("llama-rows", build)
 
@@ -629,8 +620,7 @@ def table_vit(run: Run, allot: float) -> None:
         "TF32 off), target class 1."
     )
     model = vit(run)
-    size = run.sizes.vit.get("img_size", 224)
-    x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0)).to(run.device)
+    x = images(n, run, run.sizes.vit.get("img_size", 224))
     keys = {"floor": "floor", "hookviz AttnLRP": "hookviz-attn-lrp", "hookviz CP-LRP": "hookviz-cp-lrp"}
     rows = [
         Row(name, partial(bench_attnlrp.build(key, "timm_vit", model), x), floor="floor") for name, key in keys.items()
@@ -665,8 +655,7 @@ def sync_cases(run: Run) -> list[tuple[str, str, Callable[[], Any]]]:
             (name.replace(" (default stabilizers)", "").replace(" (default)", ""), on, partial(fns[name], ids))
         )
     v = vit(run)
-    size = run.sizes.vit.get("img_size", 224)
-    xv = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0)).to(run.device)
+    xv = images(1, run, run.sizes.vit.get("img_size", 224))
     on = "ViT-B/16 batch 1"
     cases += [
         ("AttnLRP", on, partial(hv.LRP(v, "attn-lrp").attribute, xv, 1)),
@@ -783,7 +772,7 @@ def table_generation(run: Run, allot: float) -> None:
 
 TABLES: dict[str, tuple[Callable[[Run, float], None], float]] = {  # name: (function, share of the budget)
     "large": (table_large, 20),
-    "bf16": (table_bf16, 4),
+    "bf16": (partial(table_large, autocast=True), 4),
     "batch1": (table_batch1, 6),
     "lrp64": (table_lrp64, 5),
     "llama": (table_llama, 15),
@@ -876,7 +865,7 @@ def summary(run: Run) -> str:
 
 
 def write(run: Run) -> tuple[Path, Path]:
-    run.meta["total_s"] = round(time.perf_counter() - START, 1)
+    run.meta["total_s"] = round(time.perf_counter() - run.start, 1)
     run.out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", run.meta["device_name"].lower()).strip("-")
     stem = f"gpu-{'smoke-' if run.smoke else ''}{slug if run.device.type == 'cuda' else 'cpu'}"
@@ -911,14 +900,14 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=None, help="torch.set_num_threads (default: 1 for a CPU smoke run)"
     )
     parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
+    what = "the LLaMA's MLP width (default 11008, LlamaConfig's: the issue does not name it)"
+    parser.add_argument("--llama-intermediate", type=int, default=None, help=what)
     parser.add_argument("--out-dir", type=Path, default=None, help="default $OUT when set, else benchmarks/results")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch.cuda.is_available() is False")
     repeats = args.repeats or (1 if args.smoke else 10)
-    if args.threads or (args.smoke and device.type == "cpu"):
-        torch.set_num_threads(args.threads or 1)  # the smoke run checks the script; one thread waits least for others
     warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 2)
     if repeats < 1 or warmup < 1:
         parser.error("--repeats and --warmup must be >= 1 (the first warm-up output is compared with the peer's)")
@@ -938,16 +927,35 @@ def main(argv: list[str] | None = None) -> int:
         "table_s": {},
     }
     budget = args.budget_s if args.budget_s is not None else (600.0 if args.smoke else 210.0)
-    run = Run(device, SMOKE if args.smoke else FULL, args.smoke, budget, warmup, repeats, out, meta)
+    sizes = SMOKE if args.smoke else FULL
+    if args.llama_intermediate:
+        sizes = dataclasses.replace(sizes, llama={**sizes.llama, "intermediate_size": args.llama_intermediate})
+    run = Run(device, sizes, args.smoke, budget, warmup, repeats, out, meta)
+    if argv is not None:  # called, not run as a script: the budget counts from now
+        run.start = time.perf_counter()
     print(f"bench_gpu on {meta['device_name']} ({device}); {meta['versions']}; budget {budget:.0f} s", flush=True)
-    chosen = [name for name in TABLES if name in args.tables]
-    md = js = None
+    threads = torch.get_num_threads()
+    if args.threads or (args.smoke and device.type == "cpu"):
+        torch.set_num_threads(args.threads or 1)  # the smoke run checks the script; one thread waits least for others
+    meta["torch_threads"] = torch.get_num_threads()
+    try:
+        md, js = run_tables(run, [name for name in TABLES if name in args.tables])
+    finally:
+        torch.set_num_threads(threads)
+    print()
+    print(summary(run))
+    print(f"wrote {md} and {js} ({run.meta['total_s']} s)")
+    return 0
+
+
+def run_tables(run: Run, chosen: list[str]) -> tuple[Path, Path]:
+    """Each table in turn, with its share of what is left of the budget; the files rewritten after each."""
     for i, name in enumerate(chosen):
         fn, share = TABLES[name]
         left = run.left()
-        need = 0.0 if args.smoke else 0.5 * share  # a table started with less than this would not finish in budget
+        need = 0.0 if run.smoke else 0.5 * share  # a table started with less than this would not finish in budget
         if left < need:
-            run.notes.append(f"table {name} skipped: {max(left, 0):.0f} s of the {budget:.0f} s budget left")
+            run.notes.append(f"table {name} skipped: {max(left, 0):.0f} s of the {run.budget_s:.0f} s budget left")
             print(f"[{name}] skipped: budget", flush=True)
             continue
         allot = left * share / sum(TABLES[n][1] for n in chosen[i:])
@@ -959,14 +967,10 @@ def main(argv: list[str] | None = None) -> int:
             run.notes.append(f"table {name} stopped: {describe(exc)}")
             traceback.print_exc()
         run.meta["table_s"][name] = round(time.perf_counter() - t, 1)
-        free(device)
-        md, js = write(run)
+        free(run.device)
+        write(run)
     run.meta["loadavg_end"] = loadavg()
-    md, js = write(run)
-    print()
-    print(summary(run))
-    print(f"wrote {md} and {js} ({run.meta['total_s']} s)")
-    return 0
+    return write(run)
 
 
 if __name__ == "__main__":
