@@ -219,10 +219,11 @@ def as_tensor(out: Any) -> Tensor | None:
     return None
 
 
-def rel_diff(a: Tensor, b: Tensor) -> float:
-    if a.shape != b.shape:
-        a = a.reshape(b.shape) if a.numel() == b.numel() else a
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+def rel_diff(a: Tensor, b: Tensor) -> float | None:
+    """max |a - b| / max |b|; None where the two are not maps of the same shape (nothing to compare)."""
+    if a.numel() != b.numel() or a.device != b.device:
+        return None
+    return float((a.reshape(b.shape) - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def warm_up(run: Run, rows: list[Row], warmup: int) -> tuple[dict[str, Row], dict[str, float], dict[str, str]]:
@@ -246,8 +247,9 @@ def warm_up(run: Run, rows: list[Row], warmup: int) -> tuple[dict[str, Row], dic
     diffs = {}
     for row in rows:
         a, b = outputs.get(row.name), outputs.get(row.peer or "")
-        if a is not None and b is not None:
-            diffs[row.name] = rel_diff(a, b)
+        d = rel_diff(a, b) if a is not None and b is not None else None
+        if d is not None:
+            diffs[row.name] = d
     return live, diffs, errors
 
 
