@@ -1,0 +1,280 @@
+"""No waits (issue 35, part 1): the host synchronisations of every registered method, `explain_generation` and
+`GradientFlow.step`, counted on the CPU by `host_reads.HostReads` and held to a budget per call.
+
+The cases: every registered method on a torchvision resnet18 (weights=None) and the zoo's shapes ViT, 2 x 3 x 64 x 64
+inputs, target ``[1, 2]`` (a list: its indices go from the host to the device once); AttnLRP and CP-LRP on a tiny
+Hugging Face LLaMA (2 layers, hidden 32, eager and sdpa attention) at the token embedding, the last position's
+logit of token 5; `explain_generation` on the zoo's retrieval LM (2 prompts, their answers forced) with Input x
+Gradient and AttnLRP; `GradientFlow.step` on a small MLP (a step, and the step that fills the buffer). Each case is
+counted on its second call (the first may choose a layer or build a cache), and only the reads hookviz makes: the
+model's own (Hugging Face's cache builds index tensors on the host) are reported, not counted.
+
+The budget (`BUDGET`): at most one host synchronisation per call, the validation that reads values (finite inputs)
+before any work. Where a method is not there yet, its budget is the count measured now, with the reason, so that the
+test fails when a count grows. ``python tests/test_host_reads.py`` prints the table of every case
+(benchmarks/results/host-reads-cpu.md holds it before and after the work).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import pytest
+import torch
+from host_reads import HostReads
+from test_cuda import ON_RESNET, ON_VIT, resnet18, vit
+from torch import Tensor, nn
+
+import hookviz as hv
+from hookviz import zoo
+
+# cheap settings (test_float64.py's): the same code paths as the defaults
+OPTIONS: dict[str, dict[str, Any]] = {
+    "smoothgrad": {"n": 2},
+    "vargrad": {"n": 2},
+    "integrated-gradients": {"steps": 2},
+    "scorecam": {"batch_size": 64},
+    "occlusion": {"window": (16, 16)},
+    "rise": {"n_masks": 4, "cell": 4, "seed": 0},
+    "gradient-shap": {"n_samples": 2, "stdevs": 0.1},
+}
+TARGET = [1, 2]
+
+
+@cache
+def _model(name: str) -> nn.Module:
+    return {"resnet18": resnet18, "vit": vit}[name]()
+
+
+@cache
+def _images() -> Tensor:
+    return torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+
+
+def _method_case(model_name: str, name: str) -> Callable[[], Any]:
+    method = hv.get_method(name)(_model(model_name), **OPTIONS.get(name, {}))
+    x = _images()
+    return lambda: method.attribute(x, target=TARGET)
+
+
+@cache
+def _llama(impl: str) -> nn.Module:
+    from test_attnlrp import _hf
+
+    return _hf("llama", impl)
+
+
+def _llama_case(impl: str, composite: str) -> Callable[[], Any]:
+    pytest.importorskip("transformers")
+    lrp = hv.LRP(_llama(impl), composite, layer="model.embed_tokens")
+    ids = torch.randint(1, 64, (2, 8), generator=torch.Generator().manual_seed(4))
+    return lambda: lrp.attribute(ids, target=lambda out: out.logits[:, -1, 5])
+
+
+def _generation_case(method: str) -> Callable[[], Any]:
+    model, tokenizer = zoo.retrieval_lm()
+    data = zoo.retrieval(2, seed=0)
+    prompts, answers = data.prompts, data.answer_texts
+    return lambda: hv.explain_generation(model, tokenizer, prompts, method=method, target=answers)
+
+
+def _flow_case(steps: int, buffer: int, first: bool = False) -> Callable[[], Any]:
+    """`steps` training steps of a small MLP watched by GradientFlow with a buffer of `buffer` rows, after one that
+    builds its layout (`first`: the step that builds it, on a fresh monitor each call). Measured on the second call
+    (`count`): with 3 steps and 3 rows, the last step fills the buffer and reads it out."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x, y = torch.randn(4, 8), torch.tensor([1, 2, 0, 1])
+
+    def step(flow: hv.GradientFlow) -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+        flow.step()
+        model.zero_grad()
+
+    def first_step() -> None:
+        with hv.GradientFlow(model, fused_stats=False, buffer_steps=buffer) as flow:
+            step(flow)
+
+    if first:
+        return first_step
+    flow = hv.GradientFlow(model, fused_stats=False, buffer_steps=buffer).start()
+    step(flow)
+    return lambda: [step(flow) for _ in range(steps)]
+
+
+CASES: dict[str, Callable[[], Callable[[], Any]]] = {
+    **{f"resnet18 {n}": (lambda n=n: _method_case("resnet18", n)) for n in ON_RESNET},
+    **{f"vit {n}": (lambda n=n: _method_case("vit", n)) for n in ON_VIT},
+    **{
+        f"llama-{impl} {c}": (lambda impl=impl, c=c: _llama_case(impl, c))
+        for impl in ("eager", "sdpa")
+        for c in ("attn-lrp", "cp-lrp")
+    },
+    **{f"explain_generation {m}": (lambda m=m: _generation_case(m)) for m in ("input-x-gradient", "attn-lrp")},
+    "GradientFlow.step": lambda: _flow_case(1, 32),
+    "GradientFlow.step x3, the buffer read out": lambda: _flow_case(3, 3),
+    "GradientFlow.step, the first (layout)": lambda: _flow_case(1, 32, first=True),
+}
+
+# today's counts (before the work of issue 35), so that none grows while each family is cut to one read per call
+BUDGET: dict[str, int] = {
+    "resnet18 deconvnet": 2,
+    "resnet18 deeplift": 3,
+    "resnet18 deeplift-shap": 6,
+    "resnet18 gradcam": 3,
+    "resnet18 gradcam++": 3,
+    "resnet18 gradient-shap": 11,
+    "resnet18 guided-backprop": 2,
+    "resnet18 guided-gradcam": 6,
+    "resnet18 hirescam": 3,
+    "resnet18 input-x-gradient": 2,
+    "resnet18 integrated-gradients": 10,
+    "resnet18 layercam": 3,
+    "resnet18 lrp": 21,
+    "resnet18 lrp-attn-lrp": 2,
+    "resnet18 lrp-cp-lrp": 2,
+    "resnet18 lrp-epsilon": 2,
+    "resnet18 lrp-epsilon-alpha2-beta1": 22,
+    "resnet18 lrp-epsilon-alpha2-beta1-flat": 21,
+    "resnet18 lrp-epsilon-gamma-box": 21,
+    "resnet18 lrp-epsilon-plus": 22,
+    "resnet18 lrp-epsilon-plus-flat": 21,
+    "resnet18 occlusion": 7,
+    "resnet18 rise": 6,
+    "resnet18 saliency": 2,
+    "resnet18 scorecam": 3,
+    "resnet18 smoothgrad": 5,
+    "resnet18 vargrad": 5,
+    "resnet18 xgradcam": 3,
+    "vit attention-rollout": 2,
+    "vit deeplift": 3,
+    "vit deeplift-shap": 6,
+    "vit gradcam": 3,
+    "vit gradcam++": 3,
+    "vit gradient-rollout": 2,
+    "vit gradient-shap": 11,
+    "vit hirescam": 3,
+    "vit input-x-gradient": 2,
+    "vit integrated-gradients": 14,
+    "vit layercam": 3,
+    "vit lrp-attn-lrp": 2,
+    "vit lrp-cp-lrp": 2,
+    "vit occlusion": 7,
+    "vit rise": 6,
+    "vit saliency": 2,
+    "vit scorecam": 3,
+    "vit smoothgrad": 5,
+    "vit vargrad": 5,
+    "vit xgradcam": 3,
+    "llama-eager attn-lrp": 2,
+    "llama-eager cp-lrp": 2,
+    "llama-sdpa attn-lrp": 6,
+    "llama-sdpa cp-lrp": 6,
+    "explain_generation input-x-gradient": 10,
+    "explain_generation attn-lrp": 14,
+    "GradientFlow.step": 0,
+    "GradientFlow.step x3, the buffer read out": 1,
+    "GradientFlow.step, the first (layout)": 7,
+}
+
+
+def count(case: str) -> HostReads:
+    """The host reads of the case's second call."""
+    call = CASES[case]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # IG's convergence at 2 steps, uncovered operations, empty maps
+        call()
+        with HostReads() as reads:
+            call()
+    return reads
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_host_reads_within_budget(case: str) -> None:
+    reads = count(case)
+    assert reads.ours <= BUDGET[case], f"{case}: {reads.ours} host reads, budget {BUDGET[case]}:{reads.report()}"
+
+
+# -- the counter itself, on known examples -----------------------------------------------------------------------------
+def _reads(fn: Callable[[], Any]) -> HostReads:
+    with HostReads() as reads:
+        fn()
+    return reads
+
+
+def test_counter_counts_known_reads() -> None:
+    x = torch.randn(5, requires_grad=True)
+    t = x.detach()
+    assert _reads(lambda: x.sum().item()).total == 1
+    assert _reads(lambda: bool(t.any())).total == 1
+    assert _reads(lambda: t[t > 0]).total == 1  # a boolean mask: nonzero
+    assert _reads(lambda: t.nonzero()).total == 1
+    assert _reads(lambda: torch.where(t > 0)).total == 1
+    assert _reads(lambda: t.cpu().tolist()).total == 1  # the copy is on the host: reading it is free
+    assert _reads(lambda: t.tolist()).total == 1
+    assert _reads(lambda: t.to("cpu")).total == 1
+    assert _reads(lambda: float(t.max())).total == 1
+    assert _reads(lambda: torch.equal(t, t)).total == 1
+    assert _reads(lambda: t.unique()).total == 1
+    assert _reads(lambda: t[torch.tensor([0, 1])]).total == 1  # an index built on the host goes to the device
+    assert _reads(lambda: torch.tensor([0.5, 1.0], device=t.device)).total == 1  # a blocking copy to the device
+
+
+def test_counter_passes_device_work() -> None:
+    x = torch.randn(5, requires_grad=True)
+    t = x.detach()
+
+    def forward_backward() -> None:
+        y = torch.where(x > 0, x, 0.1 * x).pow(2)
+        torch.autograd.grad(y.sum(), x)
+
+    assert _reads(forward_backward).total == 0
+    assert _reads(lambda: t[torch.arange(2, device=t.device)]).total == 0  # built on the device
+    assert _reads(lambda: t * torch.tensor(2.0)).total == 0  # a 0-dim host tensor is a scalar to a kernel
+    assert _reads(lambda: torch.zeros(3).sum().item()).total == 0  # on the host throughout
+    assert _reads(lambda: t.masked_fill(t > 0, 0.0)).total == 0
+
+
+def test_counter_sees_the_backward_pass() -> None:
+    class Reads(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Tensor) -> Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, g: Tensor) -> Tensor:
+            return g * 2 if bool(g.sum() > 0) else g  # a read in the backward pass
+
+    x = torch.randn(5, requires_grad=True)
+    reads = _reads(lambda: torch.autograd.grad(Reads.apply(x).sum(), x))
+    assert reads.total == 1 and "test_host_reads.py" in reads.report()
+
+
+def test_counter_copies_to_the_device_once() -> None:
+    t = torch.randn(4)
+
+    def index_twice() -> None:
+        idx = torch.tensor([0, 1])
+        t[idx] + t[idx[:1]]
+
+    assert _reads(index_twice).total == 1
+
+
+def main() -> None:
+    """Print the markdown table of every case (or of the cases whose names contain an argument; -v: each read)."""
+    wanted = [a for a in sys.argv[1:] if not a.startswith("-")]
+    names = [c for c in CASES if not wanted or any(a in c for a in wanted)]
+    print("| case | host reads (hookviz) | all |\n|---|---:|---:|")
+    for case in names:
+        reads = count(case)
+        print(f"| {case} | {reads.ours} | {reads.total} |", flush=True)
+        if "-v" in sys.argv:
+            print(reads.report(), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
