@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from ._checks import int_option
+from ._device import to_device
 
 TargetFn: TypeAlias = Callable[[Any], Tensor]
 TargetSpec: TypeAlias = (
@@ -103,10 +104,12 @@ class Targets:
 
 @dataclass(frozen=True)
 class TargetPlan:
-    """A target spec checked before any work: class indices (on the cpu) or a callable, and whether K is kept.
+    """A target spec checked before any work: class indices or a callable, and whether K is kept.
 
     A callable's plan also knows the rows it scores: `inputs` is the number N of the user's inputs and `rows` (None:
     the N inputs themselves, in order) the input each row of an expanded batch belongs to (`aligned_scores`).
+    Class indices are on the host where the user gave them (checked there, for free), or where the model's output
+    gave them (its top classes, ``from_output``: in range by construction, never read on the host).
     """
 
     indices: Tensor | None  # (N, K) long, None for `top` and callable specs
@@ -114,13 +117,16 @@ class TargetPlan:
     multi: bool
     rows: Tensor | None = None  # (R,) long on the cpu, in 0..inputs-1; callable plans of an expanded batch only
     inputs: int | None = None  # N, for callable plans
+    from_output: bool = False  # indices the model's output gave: no range check (which would read them)
 
     def take(self, rows: Tensor) -> TargetPlan:
         """The plan of a batch whose row j belongs to row ``rows[j]`` of this plan's batch (an expanded batch: path
         points, noisy or masked copies; or a chunk of it). Class indices are gathered; a callable's plan composes
-        the rows, so the callable still sees outputs aligned with the user's inputs."""
+        the rows, so the callable still sees outputs aligned with the user's inputs. `rows` on the host: a callable's
+        rows are kept there, and the output's indices (on the device) get them without a wait (`to_device`)."""
         if self.indices is not None:
-            return TargetPlan(self.indices[rows.to(self.indices.device)], None, self.multi)
+            idx = self.indices[to_device(rows, self.indices.device) if self.from_output else rows.cpu()]
+            return TargetPlan(idx, None, self.multi, from_output=self.from_output)
         if self.fn is None:
             return self  # "top class" is resolved per row
         if isinstance(self.fn, RowTarget):
@@ -282,7 +288,7 @@ def _one_class(plan: TargetPlan) -> int | None:
     """The class every row asks for, if there is one (for the suggestion of an error message)."""
     if plan.indices is None or plan.indices.numel() == 0:
         return None
-    first = int(plan.indices.flatten()[0])
+    first = int(plan.indices.flatten()[0])  # an error message's suggestion: reading is fine there
     return first if bool((plan.indices == first).all()) else None
 
 
@@ -294,7 +300,9 @@ def resolve_targets(target: object, output: Any, n: int) -> Targets:
     plan = check_target(target, n)
     if plan.fn is not None:
         return aligned_scores(plan, output, n)
-    output = class_logits(output, cls=_one_class(plan))
+    found = _find_logits(output)[0]
+    # the class of the error message's suggestion only where there is an error: it reads the indices
+    output = class_logits(output, cls=None if isinstance(found, Tensor) and found.dim() == 2 else _one_class(plan))
     if output.shape[0] != n:
         raise ValueError(f"model output has {output.shape[0]} rows for {n} inputs; the batch axis must be kept")
     classes = output.shape[1]
@@ -302,13 +310,13 @@ def resolve_targets(target: object, output: Any, n: int) -> Targets:
         idx = output.detach().argmax(dim=1, keepdim=True)
     else:
         idx = plan.indices
-        if (idx >= classes).any():
+        if not plan.from_output and (idx >= classes).any():  # the user's indices, on the host
             bad = idx[idx >= classes].unique().tolist()
             raise ValueError(
                 f"target class {bad[0] if len(bad) == 1 else bad} is out of range: the model has {classes} classes "
                 f"(valid targets are 0..{classes - 1})"
             )
-        idx = idx.to(output.device)
+        idx = to_device(idx, output.device)
     return Targets(scores=output.gather(1, idx), indices=idx, multi=plan.multi)
 
 
@@ -351,7 +359,7 @@ def aligned_scores(plan: TargetPlan, output: Any, n: int, *, connected: bool = T
         parts.append(s)
     _check_multi(parts[0], blocks[0])
     stacked = torch.stack(parts).flatten(0, 1)  # (m * N[, K]), block-major like `slot`
-    scores = stacked.index_select(0, slot.to(stacked.device))
+    scores = stacked.index_select(0, to_device(slot, stacked.device))
     multi = scores.dim() == 2
     return Targets(scores=scores if multi else scores.unsqueeze(1), indices=None, multi=multi)
 
@@ -381,7 +389,7 @@ def _cut(output: Any, index: Tensor | None, r: int, inputs: int, m: int) -> list
     if isinstance(output, Tensor):
         if output.dim() == 0 or output.shape[0] != r:
             return [output] * m
-        t = output if index is None else output.index_select(0, index.to(output.device))
+        t = output if index is None else output.index_select(0, to_device(index, output.device))
         return list(t.split(inputs))
     if isinstance(output, Mapping):
         fields = {key: _cut(value, index, r, inputs, m) for key, value in output.items()}

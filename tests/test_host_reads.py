@@ -120,66 +120,26 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "GradientFlow.step, the first (layout)": lambda: _flow_case(1, 32, first=True),
 }
 
-# today's counts (before the work of issue 35), so that none grows while each family is cut to one read per call
-BUDGET: dict[str, int] = {
-    "resnet18 deconvnet": 2,
-    "resnet18 deeplift": 3,
-    "resnet18 deeplift-shap": 6,
-    "resnet18 gradcam": 3,
-    "resnet18 gradcam++": 3,
-    "resnet18 gradient-shap": 11,
-    "resnet18 guided-backprop": 2,
-    "resnet18 guided-gradcam": 6,
-    "resnet18 hirescam": 3,
-    "resnet18 input-x-gradient": 2,
-    "resnet18 integrated-gradients": 10,
-    "resnet18 layercam": 3,
-    "resnet18 lrp": 21,
-    "resnet18 lrp-attn-lrp": 2,
-    "resnet18 lrp-cp-lrp": 2,
-    "resnet18 lrp-epsilon": 2,
-    "resnet18 lrp-epsilon-alpha2-beta1": 22,
-    "resnet18 lrp-epsilon-alpha2-beta1-flat": 21,
-    "resnet18 lrp-epsilon-gamma-box": 21,
-    "resnet18 lrp-epsilon-plus": 22,
-    "resnet18 lrp-epsilon-plus-flat": 21,
-    "resnet18 occlusion": 7,
-    "resnet18 rise": 6,
-    "resnet18 saliency": 2,
-    "resnet18 scorecam": 3,
-    "resnet18 smoothgrad": 5,
-    "resnet18 vargrad": 5,
-    "resnet18 xgradcam": 3,
-    "vit attention-rollout": 2,
-    "vit deeplift": 3,
-    "vit deeplift-shap": 6,
-    "vit gradcam": 3,
-    "vit gradcam++": 3,
-    "vit gradient-rollout": 2,
-    "vit gradient-shap": 11,
-    "vit hirescam": 3,
-    "vit input-x-gradient": 2,
-    "vit integrated-gradients": 14,
-    "vit layercam": 3,
-    "vit lrp-attn-lrp": 2,
-    "vit lrp-cp-lrp": 2,
-    "vit occlusion": 7,
-    "vit rise": 6,
-    "vit saliency": 2,
-    "vit scorecam": 3,
-    "vit smoothgrad": 5,
-    "vit vargrad": 5,
-    "vit xgradcam": 3,
-    "llama-eager attn-lrp": 2,
-    "llama-eager cp-lrp": 2,
-    "llama-sdpa attn-lrp": 6,
-    "llama-sdpa cp-lrp": 6,
-    "explain_generation input-x-gradient": 10,
-    "explain_generation attn-lrp": 14,
-    "GradientFlow.step": 0,
-    "GradientFlow.step x3, the buffer read out": 1,
-    "GradientFlow.step, the first (layout)": 7,
-}
+# at most one read per call; the exceptions, with the count measured and why (module docstring)
+BUDGET: dict[str, int] = dict.fromkeys(CASES, 1)
+# DeepLift and DeepLiftShap: hookviz/methods/deeplift/ is another engineer's, left as it is (the summation-to-delta
+# warning reads the sums after the work; DeepLiftShap's rows of a class target go to the host)
+BUDGET |= {"resnet18 deeplift": 2, "vit deeplift": 2, "resnet18 deeplift-shap": 3, "vit deeplift-shap": 3}
+# the CAM family: the empty-map warning reads the maps after the work (`cam.py` `_warn_if_empty`)
+BUDGET |= {c: 2 for c in CASES if "cam" in c}
+# Integrated Gradients: the completeness warning reads the sums after the work; where it fires (the ViT at 2 steps)
+# its message reads 4 values more
+BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
+# LRP on a CNN: one read per layer, `lrp/rules.py` `_split` asking whether x has negative values
+BUDGET |= {c: 21 if "plus" in c and "flat" not in c else 20 for c in CASES if c.startswith("resnet18 lrp-epsilon-")}
+BUDGET |= {"resnet18 lrp": 20, "resnet18 lrp-epsilon-alpha2-beta1": 21}
+# AttnLRP / CP-LRP on the LLaMA: the dead-row checks of `lrp/attention.py` (2 per layer with sdpa), and the product
+# over the rows the output's gradient reaches (`lrp/output_rows.py`, on the CPU only)
+BUDGET |= {"llama-eager attn-lrp": 2, "llama-eager cp-lrp": 2, "llama-sdpa attn-lrp": 6, "llama-sdpa cp-lrp": 6}
+# not cut yet
+BUDGET |= {"explain_generation input-x-gradient": 10, "explain_generation attn-lrp": 14}
+# the monitor's first step: the layout's index tensors, built on the host, go to the device once per layout
+BUDGET |= {"GradientFlow.step, the first (layout)": 7}
 
 
 def count(case: str) -> HostReads:

@@ -28,6 +28,7 @@ LAYERS: list[str] = [
     "hookviz._formats",
     "hookviz._present",
     "hookviz._modes",
+    "hookviz._device",
     # core: hooks, targets, inputs
     "hookviz.hooks",
     "hookviz.targets",

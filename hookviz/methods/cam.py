@@ -505,13 +505,11 @@ class GuidedGradCAM(GradCAM):
         if x.dim() != 4:
             raise ValueError(f"{type(self).__name__} needs image inputs (N, C, H, W), got shape {tuple(x.shape)}")
         cam, targets = super()._run(x, target, hooks, **kwargs)  # (N, K, 1, h, w)
-        if targets.indices is None:
-            spec: Any = target.fn
-        else:
-            spec = targets.indices if targets.multi else targets.indices[:, 0]
+        # the inputs are checked already and the classes are the output's: the guided pass takes them as they are
+        plan = target if targets.indices is None else TargetPlan(targets.indices, None, targets.multi, from_output=True)
         self._guided.eval_mode, self._guided.backward = self.eval_mode, self.backward
-        fwd: ForwardArgs | None = kwargs.get("forward_args")
-        guided = self._guided.attribute(x, spec, forward_kwargs=fwd.kwargs if fwd is not None else None)
+        guided, _ = self._guided._explain(x, plan, **kwargs)
+        guided = guided[0] if isinstance(guided, tuple) else guided  # one attribution per input tensor
         if not targets.multi:
             guided = guided.unsqueeze(1)
         return guided * upsample_maps(cam, tuple(x.shape[-2:]), self.upsample), targets

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import int_at_least
+from .._device import to_device
 from ..hooks import HookManager, Selector
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
@@ -339,7 +340,7 @@ class IntegratedGradients(Attribution):
         # passes give its output at the input and at the baseline, the ends of the path
         at_x, layer_x = scores_and_layer(model, xs, plan, self.batch_size, fwd, tap)
         if plan.indices is None and plan.fn is None:
-            plan = TargetPlan(at_x.indices, None, False)
+            plan = TargetPlan(at_x.indices, None, False, from_output=True)
         at_baseline, layer_b = scores_and_layer(model, baselines, plan, self.batch_size, fwd, tap)
         if tap is None:
             starts, diffs = baselines, tuple(t - b for t, b in zip(xs, baselines, strict=True))
@@ -349,21 +350,22 @@ class IntegratedGradients(Attribution):
 
         alphas, weights = ig_nodes(self.method, self.steps)
         acc = acc_dtype(starts[0].dtype)
-        alpha_t = torch.tensor(alphas, dtype=torch.float64, device=device)
-        weight_t = torch.tensor(weights, dtype=torch.float64).to(device=device, dtype=acc)
+        alpha_t = to_device(torch.tensor(alphas, dtype=torch.float64), device)
+        weight_t = to_device(torch.tensor(weights, dtype=torch.float64).to(acc), device)
         totals: list[Tensor | None] = [None] * len(starts)
         for start, stop in chunks(n_in * self.steps, self.batch_size):
             rows = torch.arange(start, stop, device=device)
             i, j = rows % n_in, rows // n_in
+            on_host = torch.arange(start, stop) % n_in  # the targets' rows (`TargetPlan.take`)
             points = tuple(
                 s[i] + alpha_t[j].to(s.dtype).view(-1, *(1,) * (s.dim() - 1)) * d[i]
                 for s, d in zip(starts, diffs, strict=True)
             )
             if tap is None:
-                _, grads, _ = _gradients(model, points, plan_rows(plan, i), self.backward, fwd.rows(i))
+                _, grads, _ = _gradients(model, points, plan_rows(plan, on_host), self.backward, fwd.rows(i))
             else:  # the inputs themselves, with the layer's output replaced by the path point
                 _, grads, _ = _gradients(
-                    model, take_rows(xs, i), plan_rows(plan, i), self.backward, fwd.rows(i), tap, at=points[0]
+                    model, take_rows(xs, i), plan_rows(plan, on_host), self.backward, fwd.rows(i), tap, at=points[0]
                 )
             for e, grad in enumerate(grads):
                 grad = grad.detach().to(acc) * weight_t[j].view(-1, *(1,) * (grad.dim() - 1))

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import bool_option, number_option, positive_int
+from .._device import to_device
 from ..hooks import HookManager
 from ..targets import TargetPlan, Targets, TargetSpec
 from .base import Attribution, register
@@ -151,9 +152,9 @@ class SmoothGrad(Attribution):
         indices = None
         if plan.indices is None and plan.fn is None:  # the top class of the clean input
             indices = forward_scores(model, xs, plan, self.batch_size, forward_args=fwd).indices
-            plan = TargetPlan(indices, None, False)
+            plan = TargetPlan(indices, None, False, from_output=True)
         elif plan.indices is not None:
-            indices = plan.indices.to(xs[0].device)
+            indices = to_device(plan.indices, xs[0].device)
         scales = []
         for t in xs:
             dims = tuple(range(1, t.dim()))
@@ -173,6 +174,7 @@ class SmoothGrad(Attribution):
                 lo, hi = max(start - s * n_in, 0), min(stop - s * n_in, n_in)
                 parts.append(tuple(c[lo:hi] for c in copy))
             rows = torch.arange(start, stop, device=xs[0].device) % n_in
+            on_host = torch.arange(start, stop) % n_in  # the targets' rows (`TargetPlan.take`)
             chunk = parts[0] if len(parts) == 1 else tuple(torch.cat(p) for p in zip(*parts, strict=True))
             run_kwargs: dict[str, Any] = {k: take_rows(v, rows) for k, v in state.items()}
             if method.multi_input:
@@ -180,7 +182,7 @@ class SmoothGrad(Attribution):
             # a manager per chunk: the method places its hooks (rules) for this pass only
             with HookManager(model) as chunk_hooks:
                 attr, targets = method._run(
-                    chunk if method.multi_input else chunk[0], plan_rows(plan, rows), chunk_hooks, **run_kwargs
+                    chunk if method.multi_input else chunk[0], plan_rows(plan, on_host), chunk_hooks, **run_kwargs
                 )
             as_tuple_result = isinstance(attr, tuple)
             attrs = tuple(a.detach().to(acc_dtype(a.dtype)) for a in as_tuple(attr))

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import bool_option, is_int, is_number, number_option, positive_int
+from .._device import to_device
 from .._progress import progress_bar
 from ..hooks import HookManager
 from ..targets import TargetPlan, Targets, class_logits
@@ -66,7 +67,7 @@ class PerturbationAttribution(Attribution):
         """
         targets = forward_scores(self.model, x, plan, self.batch_size, forward_args=fwd)
         if plan.indices is None and plan.fn is None:
-            plan = TargetPlan(targets.indices, None, False)
+            plan = TargetPlan(targets.indices, None, False, from_output=True)
         return targets, plan
 
     def _score(self, rows: Tensor, plan: TargetPlan, softmax: bool = False, fwd: ForwardArgs | None = None) -> Tensor:
@@ -80,7 +81,7 @@ class PerturbationAttribution(Attribution):
             with torch.no_grad():
                 out = class_logits(fwd(self.model, (rows,)))
             probs = torch.softmax(out.to(acc_dtype(out.dtype)), dim=1)
-            return probs.gather(1, plan.indices.to(out.device))  # type: ignore[union-attr]
+            return probs.gather(1, to_device(plan.indices, out.device))  # type: ignore[arg-type]
         return forward_scores(self.model, rows, plan, None, forward_args=fwd).scores
 
     def _passes(self, total: int, label: str) -> Iterator[tuple[int, int]]:
@@ -224,6 +225,7 @@ class Occlusion(PerturbationAttribution):
         for start, stop in self._passes(n_windows * n_in, "windows"):
             rows = torch.arange(start, stop, device=x.device)
             inputs, p = rows % n_in, rows // n_in
+            on_host = torch.arange(start, stop) % n_in  # the targets' rows (`TargetPlan.take`)
             mask = torch.ones((stop - start,) + (1,) * len(shape), dtype=torch.bool, device=x.device)
             for a in reversed(range(len(window))):  # window index p in row-major order over the axes
                 p, j = p // counts[a], p % counts[a]
@@ -231,7 +233,7 @@ class Occlusion(PerturbationAttribution):
                 view[1 + lead + a] = dims[a]
                 mask = mask & axis_masks[a][j].view(view)
             occluded = torch.where(mask, baseline[inputs], x[inputs])
-            scores = self._score(occluded, plan_rows(plan, inputs), fwd=fwd.rows(inputs))
+            scores = self._score(occluded, plan_rows(plan, on_host), fwd=fwd.rows(inputs))
             drops[start:stop] = clean[inputs] - scores.to(drops.dtype)
         # sum_p d_p W_p, axis by axis (the windows are products of 1-D masks), then the mean over covering windows
         attr = drops.view(*counts, n_in, -1).movedim((-2, -1), (0, 1))  # (N, K, S_1, ..., S_k)
@@ -330,9 +332,10 @@ class RISE(PerturbationAttribution):
         h, w = size
         s = self.cell
         up = (s + 1) * math.ceil(h / s), (s + 1) * math.ceil(w / s)
-        big = F.interpolate(grids.to(device=device, dtype=dtype), size=up, mode="bilinear", align_corners=False)
-        rows = dy.to(device).unsqueeze(1) + torch.arange(h, device=device)  # (m, H)
-        cols = dx.to(device).unsqueeze(1) + torch.arange(w, device=device)  # (m, W)
+        # drawn on the host, copied without a wait
+        big = F.interpolate(to_device(grids, device).to(dtype), size=up, mode="bilinear", align_corners=False)
+        rows = to_device(dy, device).unsqueeze(1) + torch.arange(h, device=device)  # (m, H)
+        cols = to_device(dx, device).unsqueeze(1) + torch.arange(w, device=device)  # (m, W)
         m = torch.arange(grids.shape[0], device=device)
         return big[m[:, None, None], 0, rows[:, :, None], cols[:, None, :]]
 
@@ -360,8 +363,9 @@ class RISE(PerturbationAttribution):
             masks = self._upsample(grids[first:last], dy[first:last], dx[first:last], size, x.dtype, x.device)
             rows = torch.arange(start, stop, device=x.device)
             inputs, m = rows % n_in, rows // n_in - first
+            on_host = torch.arange(start, stop) % n_in  # the targets' rows (`TargetPlan.take`)
             row_masks = masks[m].unsqueeze(1)  # (M, 1, H, W)
-            scores = self._score(x[inputs] * row_masks, plan_rows(plan, inputs), self.softmax, fwd.rows(inputs))
+            scores = self._score(x[inputs] * row_masks, plan_rows(plan, on_host), self.softmax, fwd.rows(inputs))
             scores = scores.to(acc)
             sal.index_add_(0, inputs, scores[:, :, None, None, None] * row_masks.to(acc).unsqueeze(1))
         return sal / (self.n_masks * self.p), targets

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import positive_int
+from .._device import to_device
 from ..hooks import HookManager
 from ..targets import BackwardStrategy, TargetPlan, Targets, batched_grad, resolve_targets
 from .base import Attribution, register
@@ -87,16 +88,18 @@ class GradientShap(Attribution):
         if plan.fn is None:
             with torch.no_grad():
                 at_x = resolve_targets(plan, self.model(x), n)
-            plan = TargetPlan(at_x.indices.cpu(), None, plan.multi)  # type: ignore[union-attr]
+            if plan.indices is None:  # the top classes, where the output is
+                plan = TargetPlan(at_x.indices, None, plan.multi, from_output=True)
         b = distribution(self.baselines, x)
         idx, alpha, noise = draw(n, s, b.shape[0], tuple(x.shape[1:]), self.stdevs, self.generator)
         rows = torch.arange(n).repeat_interleave(s)
+        # the draws, made on the host, go to the device without a wait; cast first (the same numbers, fewer bytes)
         dev = x.device
-        xs = x[rows.to(dev)]
+        xs = x[to_device(rows, dev)]
         if noise is not None:
-            xs = xs + noise.to(device=dev, dtype=x.dtype)
-        bs = b[idx.to(dev)]
-        a = alpha.to(device=dev, dtype=x.dtype).view(-1, *(1,) * (x.dim() - 1))
+            xs = xs + to_device(noise.to(x.dtype), dev)
+        bs = b[to_device(idx, dev)]
+        a = to_device(alpha.to(x.dtype), dev).view(-1, *(1,) * (x.dim() - 1))
         points = (bs + a * (xs - bs)).requires_grad_(True)
         row_plan = plan.take(rows)  # a callable sees the user's inputs: one call per draw
         targets = resolve_targets(row_plan, self.model(points), n * s)
