@@ -133,11 +133,11 @@ BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
 # LRP on a CNN: one read per layer, `lrp/rules.py` `_split` asking whether x has negative values
 BUDGET |= {c: 21 if "plus" in c and "flat" not in c else 20 for c in CASES if c.startswith("resnet18 lrp-epsilon-")}
 BUDGET |= {"resnet18 lrp": 20, "resnet18 lrp-epsilon-alpha2-beta1": 21}
-# AttnLRP / CP-LRP on the LLaMA: the dead-row checks of `lrp/attention.py` (2 per layer with sdpa), and the product
-# over the rows the output's gradient reaches (`lrp/output_rows.py`, on the CPU only)
+# AttnLRP / CP-LRP on the LLaMA and in explain_generation: the dead-row checks of `lrp/attention.py` (2 per layer
+# with sdpa, and with the zoo LM's mask), and the product over the rows the output's gradient reaches
+# (`lrp/output_rows.py`, on the CPU only)
 BUDGET |= {"llama-eager attn-lrp": 2, "llama-eager cp-lrp": 2, "llama-sdpa attn-lrp": 6, "llama-sdpa cp-lrp": 6}
-# not cut yet
-BUDGET |= {"explain_generation input-x-gradient": 10, "explain_generation attn-lrp": 14}
+BUDGET |= {"explain_generation attn-lrp": 5}
 # the monitor's first step: the layout's index tensors, built on the host, go to the device once per layout
 BUDGET |= {"GradientFlow.step, the first (layout)": 7}
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._device import to_device
 from ..methods import LRP, AttentionRollout, GradientRollout, InputXGradient, IntegratedGradients, Saliency
 from ..methods.base import Attribution
 from ..targets import RowTarget
@@ -179,11 +180,11 @@ def occlusion(
             occluded[torch.arange(s.shape[0]), c] = baseline
             logits = step_logits(lm(occluded, mask[s], keep), steps, s.cpu())
             out[s, :, c] = clean[s] - _score(logits, steps, s.cpu(), kind)
-    return out * steps.valid.to(out.device).unsqueeze(-1), clean_logits
+    return out * to_device(steps.valid, out.device).unsqueeze(-1), clean_logits
 
 
 def _score(logits: Tensor, steps: Steps, rows: Tensor, kind: str) -> Tensor:
-    score = token_score(logits, steps.token[rows].to(logits.device), kind)
+    score = token_score(logits, to_device(steps.token[rows], logits.device), kind)
     if steps.contrast is not None:
-        score = score - token_score(logits, steps.contrast[rows].to(logits.device), kind)
+        score = score - token_score(logits, to_device(steps.contrast[rows], logits.device), kind)
     return score

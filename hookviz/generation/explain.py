@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .._checks import bool_option, int_option
+from .._device import to_device, to_host
 from .._modes import training_restored
 from ..inputs import model_device
 from ..methods.scope import model_lock
@@ -16,7 +17,8 @@ from .attribute import attribute_steps, check_method
 from .explanation import GenerationExplanation
 from .generate import generate
 from .model import LanguageModel, language_model
-from .scores import SCORES, STEP_SCORES, Steps, step_scores
+from .scores import SCORES, STEP_SCORES, Steps
+from .scores import step_scores as scores_of_steps  # `step_scores` is an argument of explain_generation
 from .tokens import (
     check_chat_template,
     check_tokenizer,
@@ -179,8 +181,9 @@ def explain_generation(
                     if len(ids) != len(forced[i]):
                         raise ValueError(_contrast_length(i, len(ids), len(forced[i])))
         # -- the attributions -----------------------------------------------------------------------------------
-        raw: list[Tensor | None] = [None] * n
-        logits: list[Tensor | None] = [None] * n
+        raw: list[Tensor] = []
+        per_step: list[dict[str, Tensor]] = []
+        order: list[int] = []  # the prompt of each map, in the order of `raw`
         for batch in _batches(lm, encoded, forced, batch_size):
             seqs = [encoded[i] + forced[i] for i in batch]
             ids, mask = pad_left(seqs, pad, device)
@@ -193,18 +196,28 @@ def explain_generation(
             a, lg = attribute_steps(
                 lm, spec, ids, mask, steps, kind=kind, baseline=options_baseline, method_kwargs=options
             )
+            scores = scores_of_steps(lg, to_device(steps.token, lg.device), names)  # (n, K) each, on the device
             for r, i in enumerate(batch):
                 total, g = len(seqs[r]), len(forced[i])
-                raw[i] = a[r, :g, ids.shape[1] - total :]  # (G, P + G): the sequence's own columns
-                logits[i] = lg[r, :g]
+                raw.append(a[r, :g, ids.shape[1] - total :])  # (G, P + G): the sequence's own columns
+                per_step.append({k: v[r, :g] for k, v in scores.items()})
+                order.append(i)
+    # every map and step score of the call on the host with one wait
+    host = iter(to_host([*raw, *(s[k] for s in per_step for k in names)]))
+    maps: list[Tensor] = [torch.empty(0)] * n
+    for i in order:
+        maps[i] = next(host)
+    step_values: list[dict[str, Tensor]] = [{}] * n
+    for i in order:
+        step_values[i] = {k: next(host) for k in names}
     return _assemble(
         tokenizer,
         prompt_list,
         encoded,
         forced,
         contrast_ids,
-        raw,  # type: ignore[arg-type]
-        logits,  # type: ignore[arg-type]
+        maps,
+        step_values,
         names,
         specials if skip_special_tokens else set(),
         specials,
@@ -313,7 +326,7 @@ def _assemble(
     forced: list[list[int]],
     contrast_ids: list[list[int]] | None,
     raw: list[Tensor],
-    logits: list[Tensor],
+    per_step_scores: list[dict[str, Tensor]],
     names: tuple[str, ...],
     dropped: set[int],
     specials: set[int],
@@ -321,7 +334,8 @@ def _assemble(
     method: str,
     kind: str,
 ) -> GenerationExplanation:
-    """The explanation, with the dropped (special) tokens' rows and columns left out."""
+    """The explanation, with the dropped (special) tokens' rows and columns left out; `raw` and `per_step_scores` are
+    each prompt's map and step scores, on the host."""
     scores, sources, generated, lengths, starts = [], [], [], [], []
     steps: dict[str, list[Tensor]] = {k: [] for k in names}
     contrast: list[list[str]] | None = None if contrast_ids is None else []
@@ -330,7 +344,7 @@ def _assemble(
         p, g = len(encoded[i]), len(forced[i])
         keep = torch.tensor([t not in dropped for t in seq], dtype=torch.bool)
         keep_rows = keep[p:]
-        a = raw[i].detach().cpu()
+        a = raw[i]
         # causality: generated token j sees columns < p + j only (exact zeros from the methods, kept exact here)
         future = torch.arange(p + g).unsqueeze(0) >= (p + torch.arange(g)).unsqueeze(1)
         a = a.masked_fill(future, 0.0)
@@ -341,8 +355,7 @@ def _assemble(
         starts.append([f for f, k in zip(flags, keep.tolist(), strict=True) if k])
         generated.append([t for t, k in zip(texts[p:], keep_rows.tolist(), strict=True) if k])
         lengths.append(int(keep[:p].sum()))
-        per_step = step_scores(logits[i].detach().cpu(), torch.tensor(forced[i], dtype=torch.long), names)
-        for k, v in per_step.items():
+        for k, v in per_step_scores[i].items():
             steps[k].append(v[keep_rows])
         if contrast is not None and contrast_ids is not None:
             ctexts = token_texts(tokenizer, encoded[i] + contrast_ids[i])[p:]  # read after the prompt, as the target

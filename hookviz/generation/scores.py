@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._device import to_device
 from .model import next_token_logits
 
 SCORES = ("logit", "probability", "log-probability")
@@ -58,7 +59,7 @@ def token_score(logits: Tensor, token: Tensor, kind: str) -> Tensor:
 
 def step_logits(logits: Tensor, steps: Steps, rows: Tensor) -> Tensor:
     """(n, K, V) logits at the steps' positions for the output rows `rows` (indices into the N sequences)."""
-    pos = steps.pos[rows].to(logits.device)
+    pos = to_device(steps.pos[rows], logits.device)
     return logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
 
 
@@ -74,11 +75,11 @@ def explained_score(
         at = step_logits(logits, steps, rows)
         if stash is not None and "logits" not in stash:
             stash["logits"] = at.detach()
-        tok = steps.token[rows].to(at.device)
+        tok = to_device(steps.token[rows], at.device)
         score = token_score(at, tok, kind)
         if steps.contrast is not None:
-            score = score - token_score(at, steps.contrast[rows].to(at.device), kind)
-        return score * steps.valid[rows].to(device=score.device, dtype=score.dtype)
+            score = score - token_score(at, to_device(steps.contrast[rows], at.device), kind)
+        return score * to_device(steps.valid[rows], score.device).to(score.dtype)
 
     fn.__name__ = f"{kind} of each generated token"
     return fn

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._device import to_device
+
 
 def tokenizer_size(tokenizer: Any) -> int | None:
     """How many token ids the tokenizer can produce (``len(tokenizer)``, added tokens included), if it says."""
@@ -97,7 +99,7 @@ def pad_left(sequences: Sequence[Sequence[int]], pad_id: int, device: torch.devi
         if s:
             ids[i, length - len(s) :] = torch.tensor(list(s), dtype=torch.long)
             mask[i, length - len(s) :] = 1
-    return ids.to(device), mask.to(device)
+    return to_device(ids, device), to_device(mask, device)
 
 
 def position_ids(mask: Tensor) -> Tensor:
