@@ -130,9 +130,6 @@ BUDGET |= {c: 2 for c in CASES if "cam" in c}
 # Integrated Gradients: the completeness warning reads the sums after the work; where it fires (the ViT at 2 steps)
 # its message reads 4 values more
 BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
-# LRP on a CNN: one read per layer, `lrp/rules.py` `_split` asking whether x has negative values
-BUDGET |= {c: 21 if "plus" in c and "flat" not in c else 20 for c in CASES if c.startswith("resnet18 lrp-epsilon-")}
-BUDGET |= {"resnet18 lrp": 20, "resnet18 lrp-epsilon-alpha2-beta1": 21}
 # AttnLRP / CP-LRP on the LLaMA and in explain_generation: the dead-row checks of `lrp/attention.py` (2 per layer
 # with sdpa, and with the zoo LM's mask), and the product over the rows the output's gradient reaches
 # (`lrp/output_rows.py`, on the CPU only)

@@ -144,6 +144,34 @@ def test_equals_zennit_on_torchvision(arch: str, name: str) -> None:
     assert _rel_err(ours, ref) <= 1e-3
 
 
+@pytest.mark.parametrize("arch", ["vgg11", "resnet18"])
+@pytest.mark.parametrize("name", ["epsilon-plus-flat", "epsilon-alpha2-beta1", "epsilon-gamma-box"])
+def test_sign_split_known_from_the_forward_pass(monkeypatch, arch: str, name: str) -> None:
+    """z+, alpha-beta and gamma skip their x- terms where the forward pass showed x >= 0 (a ReLU's output, pooled,
+    flattened, concatenated; `LRPRun.nonnegative`) instead of reading x's values (a GPU wait per layer, issue 35):
+    on VGG and ResNet every layer after the first, and the map equals the one with both terms computed everywhere
+    (an x- of zeros adds zeros)."""
+    from hookviz.methods.lrp import propagate, rules
+
+    model = _arch(arch)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    seen: list[tuple[bool, bool]] = []
+    split = rules._split
+
+    def spy(t: torch.Tensor, nonnegative: bool):
+        seen.append((nonnegative, bool(t.min() >= 0)))
+        return split(t, nonnegative)
+
+    monkeypatch.setattr(rules, "_split", spy)
+    known = hv.LRP(model, name, low=LOW, high=HIGH).attribute(x, target=3)
+    # known exactly where x >= 0: every split but alpha-beta's on the first layer (the image; flat and z^B split
+    # nothing there)
+    assert seen and all(k == actual for k, actual in seen) and sum(k for k, _ in seen) >= len(seen) - 1
+    monkeypatch.setattr(propagate.LRPRun, "nonnegative", lambda self, t: False)
+    both = hv.LRP(model, name, low=LOW, high=HIGH).attribute(x, target=3)
+    assert torch.equal(known, both)
+
+
 def _hand_epsilon(w1, b1, w2, b2, x, c, eps):
     """LRP-epsilon through Linear -> ReLU -> Linear, written out in float64 (Bach et al., eq. 58)."""
     x = x.double()

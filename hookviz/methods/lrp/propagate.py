@@ -64,6 +64,11 @@ ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.mish: "F.mish",
 }
 _INPLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu, F.leaky_relu_: F.leaky_relu}
+# outputs >= 0 whatever the input (`LRPRun.nonnegative`), and modules whose output is >= 0 where their input is
+NONNEGATIVE_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus)
+NONNEGATIVE_FUNCTIONS = {*RELU_FUNCTIONS, F.relu6, torch.sigmoid, Tensor.sigmoid, F.softplus}
+SIGN_KEEPING_MODULES: tuple[type[nn.Module], ...] = (*AVG_POOLS, *GRADIENT_LAYERS)  # pools, dropout, reshaping
+CONCATENATIONS = {torch.cat: "torch.cat", torch.concat: "torch.concat", torch.concatenate: "torch.concatenate"}
 POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.avg_pool1d: "F.avg_pool1d",
     F.avg_pool2d: "F.avg_pool2d",
@@ -241,6 +246,8 @@ class LRPRun:
         self.book = AuditBook(self.entries)
         self.counts: Counter[str] = Counter()
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
+        # output id -> (weak reference to the output, its version then): outputs known to be >= 0 (`nonnegative`)
+        self.signs: dict[int, tuple[weakref.ref[Tensor], int]] = {}
         # output id -> (weak reference to the output, its Recompute, its version then): activation and normalisation
         # outputs, which the transformer composites' rules compute again in the backward pass instead of keeping them
         # (`keep`); weak, so that an output no rule reads is freed during the forward pass as it would be without LRP
@@ -275,7 +282,13 @@ class LRPRun:
 
         def layer(call: Call) -> Any:
             assert isinstance(call.op, nn.Module)
-            return self.module_rule(call.name, call.op, call.args, call.output)
+            out = self.module_rule(call.name, call.op, call.args, call.output)
+            x = call.args[0] if call.args else None
+            if isinstance(call.op, NONNEGATIVE_MODULES) or (
+                isinstance(call.op, SIGN_KEEPING_MODULES) and isinstance(x, Tensor) and self.nonnegative(x)
+            ):
+                self.mark_nonnegative(call.output if out is None else out)
+            return out
 
         # the rules of elementwise layers need their input intact: in-place activations run out of place
         table = (
@@ -297,6 +310,7 @@ class LRPRun:
             .functions(ACTIVATION_FUNCTIONS, EngineRule("pass", self.activation, owns_call=True))
             .functions(POOL_FUNCTIONS, EngineRule("norm", pool, owns_call=True))
             .functions(AFFINE_FUNCTIONS, EngineRule("affine", self.affine, owns_call=True))
+            .functions(CONCATENATIONS, EngineRule("signs", self.concatenation, owns_call=True))
         )
 
     def hooked_kind(self, module: nn.Module) -> bool:
@@ -328,6 +342,21 @@ class LRPRun:
         if any(attention(n, m) for n, m in self.model.named_modules()):
             self.hooks.forward_pre(attention, enter, with_name=True)
             self.hooks.forward(attention, leave, with_name=True)
+
+    def mark_nonnegative(self, t: Any) -> None:
+        """Note that the tensor `t` holds no negative value (a ReLU's output, a pooling of one)."""
+        if isinstance(t, Tensor):
+            self.signs[id(t)] = (weakref.ref(t), t._version)
+
+    def nonnegative(self, t: Tensor) -> bool:
+        """Whether `t` (or the tensor it is a view of: a flattened pooling) is known to hold no negative value, as
+        the forward pass computed it (unchanged in place since), so that a sign-splitting rule skips its x- terms
+        without reading the values (`rules._split`)."""
+        for u in (t, t._base):
+            found = None if u is None else self.signs.get(id(u))
+            if found is not None and found[0]() is u and u._version == found[1]:
+                return True
+        return False
 
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         self.counts[name] += 1
@@ -386,6 +415,7 @@ class LRPRun:
             call = _Call(self.entry(name, rule), rule, self.keep(x), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
             call.layer.rows = module is self.out_layer
+            call.layer.nonnegative = self.nonnegative(x)
             out = _LinearFn.apply(x, (output.detach(),), call)
             if self.folds:
                 call.graph_x = x
@@ -442,6 +472,7 @@ class LRPRun:
             raise TypeError(f"LRP: composite {self.composite.name!r} has no linear-layer rule for {name!r}")
         call = _Call(self.entry(name, rule), rule, self.keep(x), z if rule.needs_output else None)
         call.layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
+        call.layer.nonnegative = self.nonnegative(x)
         return _LinearFn.apply(x, (z,), call)
 
     def add(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -490,6 +521,8 @@ class LRPRun:
             base = _INPLACE.get(func, func)
             rest = {k: v for k, v in kwargs.items() if k != "inplace"}
             out = x.copy_(_PassFn.apply(x, (base(*args, **rest).detach(),)))
+        if func in NONNEGATIVE_FUNCTIONS:
+            self.mark_nonnegative(out)
         return out if self.ops is None else self.ops.tag(out)
 
     def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -501,7 +534,20 @@ class LRPRun:
         call = _Call(self.entry(POOL_FUNCTIONS[func], rule), rule, x.detach(), out.detach())
         rest = args[1:]
         call.fn = lambda t: func(t, *rest, **kwargs)
-        return _NormFn.apply(x, (out.detach(),), call)
+        out = _NormFn.apply(x, (out.detach(),), call)
+        if self.nonnegative(x):
+            self.mark_nonnegative(out)
+        return out
+
+    def concatenation(self, engine_call: Call) -> Any:
+        """``torch.cat`` as called (its plain gradient routes relevance: `NotImplemented`, not reported), its output
+        known to be >= 0 where every part is (an inception block's branches)."""
+        out = engine_call.op(*engine_call.args, **engine_call.kwargs)
+        parts = engine_call.args[0] if engine_call.args else engine_call.kwargs.get("tensors", ())
+        if all(isinstance(t, Tensor) and self.nonnegative(t) for t in parts):
+            self.mark_nonnegative(out)
+        engine_call.output = out
+        return NotImplemented
 
     def affine(self, engine_call: Call) -> Any:
         """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``; a parameter is a constant,
@@ -534,6 +580,7 @@ class LRPRun:
                 call.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
             self.produced.clear()
             self.recipes.clear()
+            self.signs.clear()
             if self.ops is not None:
                 self.ops.clear()
             self.reach.clear()

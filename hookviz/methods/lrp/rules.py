@@ -72,6 +72,9 @@ class Affine:
     conv: dict[str, Any] | None = None  # stride, padding, dilation, groups, transposed, output_padding
     # the output layer (`output_rows`): `vjp` over the rows and columns of g that hold a non-zero value
     rows: bool = False
+    # the input is known to be >= 0 (a ReLU's output, pooled or reshaped: `LRPRun.nonnegative`): the x- terms of the
+    # sign-splitting rules are zero and skipped
+    nonnegative: bool = False
 
     @classmethod
     def of(cls, module: nn.Module) -> Affine:
@@ -143,7 +146,7 @@ class Affine:
         scale = gamma / (var + bn.eps) ** 0.5
         w = self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
         b = self.bias if self.bias is not None else torch.zeros_like(mean)
-        return Affine(self.kind, w, (b - mean) * scale + beta, self.conv)
+        return Affine(self.kind, w, (b - mean) * scale + beta, self.conv, nonnegative=self.nonnegative)
 
 
 class Rule:
@@ -165,10 +168,12 @@ class LinearRule(Rule):
         raise NotImplementedError
 
 
-def _split(x: Tensor) -> tuple[Tensor, Tensor | None]:
-    """``(x+, x-)``, with ``x- = None`` where `x` has no negative entry (after a ReLU): the x- terms of a rule are
-    then exactly zero, and skipping them halves its convolutions (one reduction; on a GPU, one synchronization)."""
-    if x.numel() == 0 or bool(x.min() >= 0):
+def _split(x: Tensor, nonnegative: bool) -> tuple[Tensor, Tensor | None]:
+    """``(x+, x-)``, with ``x- = None`` where `x` is known to be >= 0 (`Affine.nonnegative`: after a ReLU): the x-
+    terms of a rule are then exactly zero, and skipping them halves its convolutions. Known from the forward pass,
+    not read from the values (on a GPU, a read waits for the device: one per layer); where it is not known, both
+    terms are computed, and an x- of zeros adds zeros (the same relevance, but for the sign of a zero)."""
+    if nonnegative or x.numel() == 0:
         return x, None
     return x.clamp(min=0), x.clamp(max=0)
 
@@ -233,7 +238,7 @@ class ZPlus(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
-        parts = _split(x)
+        parts = _split(x, layer.nonnegative)
         wn = None if parts[1] is None else layer.weight.clamp(max=0)
         return _signed_term(layer, x, parts, layer.weight.clamp(min=0), wn, _pos(layer.bias), r, self.stabilizer)
 
@@ -254,7 +259,7 @@ class AlphaBeta(LinearRule):
         self.stabilizer = _check_eps("stabilizer", stabilizer)
 
     def relevance(self, layer: Affine, x: Tensor, z: Tensor | None, r: Tensor) -> Tensor:
-        parts = _split(x)
+        parts = _split(x, layer.nonnegative)
         wp, wn = layer.weight.clamp(min=0), layer.weight.clamp(max=0)
         out = self.alpha * _signed_term(layer, x, parts, wp, wn, _pos(layer.bias), r, self.stabilizer)
         if self.beta == 0:
@@ -283,7 +288,7 @@ class Gamma(LinearRule):
         w_up, w_dn = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         b_up = None if b is None else b + g * b.clamp(min=0)
         b_dn = None if b is None else b + g * b.clamp(max=0)
-        parts = _split(x)
+        parts = _split(x, layer.nonnegative)
         # output > 0: x+ with W + gW+ (bias b + gb+), x- with W + gW- (no bias); output < 0: the opposite pairing
         up = _signed_term(layer, x, parts, w_up, w_dn, b_up, r, self.stabilizer, (z > 0).to(r.dtype))
         return up + _signed_term(layer, x, parts, w_dn, w_up, b_dn, r, self.stabilizer, (z < 0).to(r.dtype))

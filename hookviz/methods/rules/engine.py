@@ -257,6 +257,10 @@ def _needs_grad(args: tuple, kwargs: dict) -> bool:
     for a in kwargs.values():
         if isinstance(a, Tensor) and a.requires_grad:
             return True
+    if args and isinstance(args[0], list | tuple):  # a sequence of tensors first: torch.cat's
+        for a in args[0]:
+            if isinstance(a, Tensor) and a.requires_grad:
+                return True
     return False
 
 
