@@ -35,6 +35,10 @@ What counts (each a `Read`, with the operation and the innermost line of hookviz
   as it is), and ``torch.tensor`` / ``torch.as_tensor`` of host data with ``device=``. The host tensor then counts
   as on the device, as the copy a GPU run makes once (``idx = idx.to(device)``) and uses again.
 
+Reads that hookviz makes on the CPU only (a function that asks for the device type first and takes another way on an
+accelerator, `CPU_ONLY`) and reads that the model's own code or a callable target makes are reported, not counted in
+``ours``.
+
 The backward pass runs outside every ``TorchFunctionMode`` (the autograd engine clears them), so the operations are
 seen through a ``TorchDispatchMode`` (it sees every aten operation of both passes, the rules' autograd Functions and
 tensor hooks included) and the Python-level conversions through patches of ``torch.Tensor``'s methods and torch's
@@ -113,11 +117,20 @@ def _syncs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return False
 
 
+# hookviz functions that read values on the CPU only: they ask for the device type first and take another way on
+# an accelerator; their reads are reported ("CPU only"), not counted, since a GPU run never makes them
+CPU_ONLY = {
+    ("methods/lrp/output_rows.py", "product"),  # off the CPU the output layer's product is taken whole
+    ("methods/lrp/gradient_form.py", "_ratio"),  # off the CPU the mask of zero inputs is always applied
+}
+
+
 @dataclass(frozen=True)
 class Read:
     """One kind of host read: ``kind`` ("read" or "h2d"), the operation, where it happened (the innermost line of
-    hookviz on the stack), and whether hookviz made it (``ours``): False where the innermost line outside torch
-    belongs to someone else (the model's own code, a callable target), which is then named in `where` too."""
+    hookviz on the stack), and whether hookviz made it on every device (``ours``): False where the innermost line
+    outside torch belongs to someone else (the model's own code, a callable target; named in `where` too), or where a
+    function of `CPU_ONLY` made it."""
 
     kind: str
     op: str
@@ -132,6 +145,9 @@ def _where() -> tuple[str, bool]:
     stack = [f for f in traceback.extract_stack()[:-3] if not f.filename.startswith(TORCH) and f.filename != __file__]
     ours = next((f for f in reversed(stack) if f.filename.startswith(HOOKVIZ)), None)
     where = f"hookviz/{Path(ours.filename).relative_to(HOOKVIZ)}:{ours.lineno}" if ours is not None else "outside"
+    in_hookviz = [(str(Path(f.filename).relative_to(HOOKVIZ)), f.name) for f in stack if f.filename.startswith(HOOKVIZ)]
+    if any(f in CPU_ONLY for f in in_hookviz):
+        return f"{where} (CPU only)", False
     if not stack or stack[-1] is ours:
         return where, ours is not None
     inner = stack[-1]
@@ -201,10 +217,11 @@ class HostReads:
 
     def report(self) -> str:
         """One line per kind of read, most frequent first."""
-        return "".join(
-            f"\n  {n}x {r.kind} {r.op} at {r.where}{'' if r.ours else ' (not hookviz)'}"
-            for r, n in self.reads.most_common()
-        )
+        lines = []
+        for r, n in self.reads.most_common():
+            whose = "" if r.ours or r.where.endswith("(CPU only)") else " (not hookviz)"
+            lines.append(f"\n  {n}x {r.kind} {r.op} at {r.where}{whose}")
+        return "".join(lines)
 
     # -- placement ------------------------------------------------------------------------------------------------
     # a view lives where its base does: placement is kept per base tensor, so that a host tensor copied to the device

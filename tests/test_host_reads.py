@@ -130,11 +130,6 @@ BUDGET |= {c: 2 for c in CASES if "cam" in c}
 # Integrated Gradients: the completeness warning reads the sums after the work; where it fires (the ViT at 2 steps)
 # its message reads 4 values more
 BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
-# AttnLRP / CP-LRP on the LLaMA and in explain_generation: the dead-row checks of `lrp/attention.py` (2 per layer
-# with sdpa, and with the zoo LM's mask), and the product over the rows the output's gradient reaches
-# (`lrp/output_rows.py`, on the CPU only)
-BUDGET |= {"llama-eager attn-lrp": 2, "llama-eager cp-lrp": 2, "llama-sdpa attn-lrp": 6, "llama-sdpa cp-lrp": 6}
-BUDGET |= {"explain_generation attn-lrp": 5}
 # the monitor's first step: the layout's index tensors, built on the host, go to the device once per layout
 BUDGET |= {"GradientFlow.step, the first (layout)": 7}
 

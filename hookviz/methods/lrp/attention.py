@@ -30,7 +30,15 @@ class TransformerOps(Protocol):
     def product(self, what: str, a: Tensor, b: Tensor, kind: str, scale: float = 1.0) -> Tensor: ...
     def softmax(self, what: str, s: Tensor, dim: int, fn: Callable[[Tensor], Tensor]) -> Tensor: ...
     def attention(
-        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, need_p: bool
+        self,
+        what: str,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        scale: float,
+        need_p: bool,
+        dead: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None] | None: ...
 
 
@@ -74,12 +82,12 @@ def attend(
     if bias is not None:
         # a query whose every key is masked (a left pad of a batch of prompts) attends to nothing: the fused kernel
         # gives it 0, where a softmax over -inf everywhere gives NaN, which 0-probability products carry into the
-        # other positions; its row is computed unmasked and zeroed after the softmax (in the decomposed calls)
+        # other positions; its row is computed unmasked and zeroed after the softmax. Whether there is such a row is
+        # not asked (on a GPU, a wait): the masks are applied whatever they hold (an all-False mask changes nothing)
         dead = torch.isneginf(bias).all(-1, keepdim=True)
-        bias = bias.masked_fill(dead, 0.0) if bool(dead.any()) else bias
-        dead = dead if bool(dead.any()) else None
-    if dropout_p == 0 and dead is None:
-        fused = ops.attention(what, q, k, v, bias, scale, need_p)
+        bias = bias.masked_fill(dead, 0.0)
+    if dropout_p == 0:
+        fused = ops.attention(what, q, k, v, bias, scale, need_p, dead)
         if fused is not None:
             return fused
     s = ops.product(f"{what} q@k", q, k.transpose(-2, -1), "matmul", scale)

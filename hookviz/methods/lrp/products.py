@@ -158,7 +158,8 @@ class _AttentionFn(torch.autograd.Function):
     scores, probabilities and output are recomputed in the backward pass, as a fused kernel's backward does, instead of
     holding two (N, heads, L, S) tensors per layer from the forward to the end of the backward pass.
     ``call.extra``: (bias, scale, (q@k, mask, softmax, p@v entries), (wq, wk, wp, wv) shares, product epsilon, sum
-    stabilizer, softmax held)."""
+    stabilizer, softmax held, the queries with every key masked or None: their probabilities are zero after the
+    softmax, so their rows get no relevance)."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, call: RuleCall) -> Tensor:
@@ -170,9 +171,11 @@ class _AttentionFn(torch.autograd.Function):
     def backward(ctx: Any, r: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         call = ctx.call
         q, k, v = call.inputs()
-        bias, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), eps, stabilizer, hold = call.extra
+        bias, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), eps, stabilizer, hold, dead = call.extra
         kt = k.transpose(-2, -1)
         s, sm, p = attention_probabilities(q, kt, bias, scale)
+        if dead is not None:  # the softmax rule then gets p zeroed there too: a row of zero relevance gives zeros
+            p.masked_fill_(dead, 0.0)
         rp, rv = product_relevance("matmul", p, v, torch.matmul(p, v), 1.0, wp, wv, eps, r)
         audit_entry(e_pv, r, *(t for t in (rp, rv) if t is not None))
         if rp is None or hold:  # nothing reaches the logits: q and k get none (zeros in the decomposed calls)

@@ -300,14 +300,23 @@ class TransformerOps:
         return x.copy_(_PassFn.apply(x, (val,)))
 
     def attention(
-        self, what: str, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, need_p: bool
+        self,
+        what: str,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        scale: float,
+        need_p: bool,
+        dead: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None] | None:
         """``softmax(scale q kᵀ + bias) v`` as one `_AttentionFn` (the q kᵀ product, mask sum, softmax and p v product
         rules, with their audit entries, from q, k, v alone: scores and probabilities are recomputed in the backward
         pass, not kept): (output, probabilities if `need_p`, detached). The output is computed as the backward pass
         computes it again (``F.scaled_dot_product_attention`` would differ by rounding, and the epsilon rule divides by
-        it: with epsilon 0, by a slightly different number near zero). None where q or k does not depend on the input
-        or the mask does (the decomposed calls then decide each rule from the graph)."""
+        it: with epsilon 0, by a slightly different number near zero). `dead` (..., L, 1), bool: queries whose every
+        key is masked (`attention.attend`), their probabilities set to zero after the softmax. None where q or k does
+        not depend on the input or the mask does (the decomposed calls then decide each rule from the graph)."""
         if not (self.depends(q) and self.depends(k)) or self.depends(bias):
             return None
         rules = self.rules
@@ -322,12 +331,14 @@ class TransformerOps:
         b0 = None if bias is None else bias.detach()
         with torch.no_grad():  # as the backward pass computes them again: the same numbers, z / z = 1 exactly
             _, _, p = attention_probabilities(q0, k0.transpose(-2, -1), b0, scale)
+            if dead is not None:
+                p.masked_fill_(dead, 0.0)
             o = torch.matmul(p, v0)
         if not need_p:
             p = None
         stabilizer = getattr(self.sum_rule, "stabilizer", 0.0)
         extra = (b0, scale, (e_qk, e_mask, e_soft, e_pv), (wq, wk, wp, wv), rules.product.epsilon, stabilizer,
-                 rules.softmax.hold)  # fmt: skip
+                 rules.softmax.hold, dead)  # fmt: skip
         call = RuleCall(e_pv, rules.product, (self.keep(q), self.keep(k), self.keep(v)), o, extra)
         return _AttentionFn.apply(q, k, v, call), p
 
