@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._device import to_device
 from .kernels import _norms
 
 _MISSING = -1.0  # buffer value of a statistic that has no value at a step (no grad, module not run): norms are >= 0
@@ -125,11 +126,7 @@ class _Buffer:
     def index(self, cache_key: Any, values: Sequence[float], dtype: torch.dtype = torch.long) -> Tensor:
         t = self._cache.get(cache_key)
         if t is None:
-            t = torch.tensor(list(values), dtype=dtype)
-            if self.device.type == "cuda":
-                t = t.pin_memory().to(self.device, non_blocking=True)  # no sync on the way in
-            else:
-                t = t.to(self.device)
+            t = to_device(torch.tensor(list(values), dtype=dtype), self.device)  # no sync on the way in
             self._cache_put(cache_key, t)
         return t
 
@@ -184,7 +181,7 @@ class _Buffer:
                 entry_units.append(float(max(units, 1)))
                 offset += units
             tensors = (torch.cat(unit_ids), torch.cat(unit_entry), torch.tensor(entry_units))
-            plan = (*(t.to(self.device) for t in tensors), offset)
+            plan = (*(to_device(t, self.device) for t in tensors), offset)
             self._cache_put(("dead-plan", keys, shape), plan)
         unit_ids, unit_entry, entry_units, n_units = plan
         values = torch.cat([v.reshape(-1).to(self.device, torch.float32) for _, v, _, _ in entries])
