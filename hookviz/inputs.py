@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ._device import to_device
+
 __all__ = [
     "check_channels",
     "check_finite",
@@ -159,9 +161,9 @@ def check_model_inputs(model: nn.Module, x: Any, where: str = "inputs", *, conv_
                 f"{name or '<model>'!r} ({type(conv).__name__}) takes {rank}-D batches {layout}; {hint}"
             )
         check_channels(model, x, where)
-    check_finite(x, where)
+    check_finite(x, where)  # on the host, for a batch that comes from there: no wait
     dtype = model_dtype(model) or x.dtype
-    out = x.to(device=model_device(model), dtype=dtype)
+    out = to_device(x.to(dtype), model_device(model))  # cast where it is; to a GPU without a wait (pinned memory)
     if out.is_inference() and not torch.is_inference_mode_enabled():
         out = out.clone()  # a clone made outside inference_mode is a normal tensor
     return out

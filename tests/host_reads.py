@@ -194,14 +194,17 @@ class _Placement(TorchDispatchMode):
 
 class HostReads:
     """``with HostReads() as reads: method.attribute(x, target)``: the host reads of the block, `total` and per
-    `Read` in `reads` (a Counter). Tensors made before the block count as on the device (module docstring)."""
+    `Read` in `reads` (a Counter). Tensors made before the block count as on the device (module docstring), but for
+    those in `host` (a batch the user holds on the host for a model on a GPU)."""
 
     _lock = threading.Lock()
     _active: HostReads | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, host: tuple[Tensor, ...] = ()) -> None:
         self.reads: Counter[Read] = Counter()
         self._host: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        for t in host:
+            self.host(t)
         self._saved: list[tuple[Any, str, Any, bool]] = []
         self._mode = _Placement(self)
 
