@@ -266,20 +266,27 @@ def test_normalisation_at_a_constant_baseline_by_hand() -> None:
     assert float(a.abs().max()) < 10 * float(expected.abs().max())
 
 
-def test_warning_names_attention_without_a_rule() -> None:
-    """nn.MultiheadAttention runs as one F.multi_head_attention_forward call that DeepLift does not write out: the
-    sum misses and the warning names the call."""
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_and_einsum_are_exact(batch_first: bool) -> None:
+    """nn.MultiheadAttention runs as one F.multi_head_attention_forward call (rows on axis 1 when not batch_first):
+    written out, with a key padding mask and the averaged weights asked for; and attention written with einsum."""
     torch.manual_seed(0)
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+            self.attn = nn.MultiheadAttention(4, 2, batch_first=batch_first)
             self.head = nn.Linear(4, 2)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
+            pad = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+            pad[:, -1] = True  # the last key masked for every query
+            t = x if batch_first else x.transpose(0, 1)
+            o, w = self.attn(t, t, t, key_padding_mask=pad, need_weights=True)
+            o = o if batch_first else o.transpose(0, 1)
+            s = torch.einsum("bqd,bkd->bqk", o, x).softmax(-1)
+            return self.head(torch.einsum("bqk,bkd->bqd", s, o).mean(1) + w.square().sum((1, 2))[:, None])
 
-    dl = hv.DeepLift(Net().eval(), 0.0)
-    with pytest.warns(UserWarning, match=r"operations without a DeepLift rule ran: F\.multi_head_attention_forward x1"):
-        dl.attribute(torch.randn(2, 5, 4) * 3, 1)
+    x = torch.randn(3, 5, 4)
+    check_sum(Net().eval(), x)
+    check_sum(Net().eval(), x, 0.5 * torch.randn(1, 5, 4), target=1)

@@ -15,7 +15,8 @@ operation is exact as each of its parts is:
 - ``F.normalize``: $$ x / \max(\lVert x \rVert_p, \epsilon) $$;
 - layer / group norm: $$ (x - \mu) \cdot (\mathrm{mean}((x - \mu)^2) + \epsilon)^{-1/2} \cdot w + b $$;
   RMS norm: $$ x \cdot (\mathrm{mean}(x^2) + \epsilon)^{-1/2} \cdot w $$;
-- ``F.scaled_dot_product_attention``: ``softmax(q kᵀ * scale + mask) @ v``, both products split.
+- ``F.scaled_dot_product_attention``: ``softmax(q kᵀ * scale + mask) @ v``, both products split;
+  ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``): its linear projections around that.
 
 The forward values stay the operation's own (the softmax and normalisations return ``exact + (w - w.detach())``:
 the written-out form w adds exactly zero to the exact value and carries the gradient); attention returns the
@@ -32,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..lrp.attention import mha_heads
 from ..rules import Call, Rule, spellings
-from ..rules.ops import bind_sdpa
+from ..rules.ops import bind_mha, bind_sdpa
 from ..rules.sdpa import gqa_heads, sdpa_scores
 from .products import scaled, split
 from .rescale import elementwise
@@ -41,6 +43,7 @@ from .rescale import elementwise
 SOFTMAX_FUNCTIONS = {**spellings("softmax", inplace=False), **spellings("log_softmax", inplace=False)}
 NORM_FUNCTIONS = {F.layer_norm: "F.layer_norm", F.group_norm: "F.group_norm", F.rms_norm: "F.rms_norm"}
 SDPA_FUNCTIONS = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
+MHA_FUNCTIONS = {F.multi_head_attention_forward: "F.multi_head_attention_forward"}
 NORMALIZE_FUNCTIONS = {F.normalize: "F.normalize"}
 
 
@@ -136,19 +139,47 @@ def _normalize(call: Call) -> Any:
     return _carry(exact, scaled(x, elementwise(torch.reciprocal, norm)))
 
 
+def attention(a: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """(output, probabilities) of an ``F.scaled_dot_product_attention`` call bound by name, written out: both
+    products split, the softmax written out; a query whose every key is masked gets 0."""
+    scores, dead = sdpa_scores(a, lambda x, y: split("matmul", x, y))
+    p = softmax(scores, -1)
+    if dead is not None:
+        p = p.masked_fill(dead, 0.0)
+    return split("matmul", p, gqa_heads(a, a["value"])), p
+
+
 def _sdpa(call: Call) -> Any:
     a = bind_sdpa(call.args, call.kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     if a["dropout_p"] != 0.0 or not all(isinstance(t, Tensor) and t.shape[0] % 2 == 0 for t in (q, k, v)):
         return NotImplemented  # dropout draws per row: not one function of the inputs
-    scores, dead = sdpa_scores(a, lambda x, y: split("matmul", x, y))
-    p = softmax(scores, -1)
-    if dead is not None:
-        p = p.masked_fill(dead, 0.0)
-    return split("matmul", p, gqa_heads(a, v))
+    return attention(a)[0]
+
+
+def _mha(call: Call) -> Any:
+    """``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` runs, rows on axis 1): the input
+    projections (linear) and heads as PyTorch computes them (`lrp.attention.mha_heads`), the attention written out,
+    the output projection; the averaged probabilities where the call asks for them."""
+    a = bind_mha(call.args, call.kwargs)
+    query = a["query"]
+    if (a["training"] and a["dropout_p"] > 0) or a["static_k"] is not None or a["static_v"] is not None:
+        return NotImplemented
+    if not isinstance(query, Tensor) or query.dim() != 3 or query.shape[1] % 2:
+        return NotImplemented  # unbatched: no rows to pair
+    heads = mha_heads(a, lambda t, w, b, c: F.linear(t, w, b))
+    bound = {"query": heads.q, "key": heads.k, "value": heads.v, "attn_mask": heads.mask, "dropout_p": 0.0,
+             "is_causal": heads.causal, "scale": None, "enable_gqa": False}  # fmt: skip
+    o, p = attention(bound)
+    n_q, n, e = heads.shape
+    out = F.linear(o.permute(2, 0, 1, 3).reshape(n_q, n, e), a["out_proj_weight"], a["out_proj_bias"])
+    if not a["need_weights"]:
+        return out, None
+    return out, (p.mean(1) if a["average_attn_weights"] else p)
 
 
 SOFTMAX = Rule("softmax", _softmax, owns_call=True)
 NORM = Rule("normalisation", _norm, owns_call=True)
 ATTENTION = Rule("attention", _sdpa, owns_call=True)
+MHA = Rule("attention", _mha, owns_call=True)
 NORMALIZE = Rule("normalisation", _normalize, owns_call=True)

@@ -8,7 +8,8 @@ $$ f(a, b) - f(a', b') = f(\tfrac{a + a'}{2}, \Delta b) + f(\Delta a, \tfrac{b +
 exactly: the two-player Shapley value of the two factors (the same split as AttnLRP's uniform rule on products).
 So the multiplier of a is the gradient of f with its partner held at the midpoint of its row and reference row, and
 summation-to-delta holds through squeeze-and-excitation gates (``x * sigmoid(s(x))``), gated MLPs (``silu(g(x)) *
-u(x)``), ``x * sigmoid(x)`` written out and attention's ``q @ k.T`` and ``p @ v``.
+u(x)``), ``x * sigmoid(x)`` written out and attention's ``q @ k.T`` and ``p @ v`` (as matrix products or two-operand
+einsums).
 
 A quotient ``a / b`` is ``a * (1 / b)``, and the reciprocal's secant slope is exactly
 $$ (1/b - 1/b') / (b - b') = -1 / (b b') $$ (the derivative where b = b'): one closed form, no threshold.
@@ -52,6 +53,7 @@ DIV_FUNCTIONS: dict[Callable[..., Any], str] = {
     Tensor.div_: "/=",
     Tensor.__itruediv__: "/=",
 }
+EINSUM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.einsum: "torch.einsum"}
 ADDCMUL_FUNCTIONS: dict[Callable[..., Any], str] = {torch.addcmul: "torch.addcmul", Tensor.addcmul: "Tensor.addcmul"}
 _REVERSED = {Tensor.__rmul__, Tensor.__rmatmul__, Tensor.__rtruediv__, Tensor.__rdiv__}  # (self, other) = other op self
 _INPLACE = {Tensor.mul_, Tensor.__imul__, Tensor.div_, Tensor.__itruediv__}
@@ -202,7 +204,52 @@ def _addcmul(call: Call) -> Any:
     return a["input"] + (product if value == 1 else value * product)
 
 
+class _BilinearFn(torch.autograd.Function):
+    """Output: ``fn(a, b)`` for a bilinear `fn` (a two-operand einsum); backward: the two-factor split, each
+    operand's gradient with its partner at the midpoint of row and reference row (taken through autograd: `fn`'s
+    vector-Jacobian product in one operand does not depend on that operand's value)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        ctx.fn = fn
+        ctx.save_for_backward(midpoint(a), midpoint(b))
+        ctx.shapes = (a.shape, b.shape)
+        return fn(a, b)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, None]:
+        ma, mb = (m.repeat(2, *(1,) * (m.dim() - 1)) for m in ctx.saved_tensors)
+        with torch.enable_grad():
+            a = torch.zeros(ctx.shapes[0], dtype=ma.dtype, device=ma.device, requires_grad=True)
+            b = torch.zeros(ctx.shapes[1], dtype=mb.dtype, device=mb.device, requires_grad=True)
+            (ga,) = torch.autograd.grad(ctx.fn(a, mb), a, g)
+            (gb,) = torch.autograd.grad(ctx.fn(ma, b), b, g)
+        return ga, gb, None
+
+
+def _einsum(call: Call) -> Any:
+    """A two-operand einsum whose operands and output all start with the rows' subscript (``"bhqd,bhkd->bhqk"``):
+    bilinear, the two-factor split; anything else as called (reported where two activations meet)."""
+    args = call.args
+    if not args or not isinstance(args[0], str) or call.kwargs:
+        return NotImplemented
+    operands = tuple(args[1] if len(args) == 2 and isinstance(args[1], list | tuple) else args[1:])
+    equation = args[0].replace(" ", "")
+    if len(operands) != 2 or "->" not in equation or "..." in equation:
+        return NotImplemented
+    a, b = operands
+    (left, right), out = equation.split("->")[0].split(","), equation.split("->")[1]
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or not (left and right and out):
+        return NotImplemented
+    rows = left[0] == right[0] == out[0] and a.shape[0] == b.shape[0] and a.shape[0] % 2 == 0
+    if not rows or not (a.requires_grad and b.requires_grad):
+        return NotImplemented
+    return _BilinearFn.apply(a, b, lambda x, y: torch.einsum(equation, x, y))
+
+
 PRODUCT = Rule("product", _rule("mul"), owns_call=True)
+EINSUM = Rule("product", _einsum, owns_call=True)
 MATRIX_PRODUCT = Rule("product", _rule("matmul"), owns_call=True)
 QUOTIENT = Rule("quotient", _rule("div"), owns_call=True)
 ADDCMUL = Rule("product", _addcmul, owns_call=True)

@@ -4,8 +4,8 @@ one.
 - the rescale rule (``rescale.py``) on every elementwise function of one input, as a module or a functional call;
 - the selection rule (``selection.py``) on every max pool and on max / min reductions;
 - the two-factor split (``products.py``) on products and quotients of two activations;
-- softmax, log-softmax, ``F.normalize``, layer / group / RMS norm and ``F.scaled_dot_product_attention`` written
-  out in those (``decomposed.py``);
+- softmax, log-softmax, ``F.normalize``, layer / group / RMS norm and fused attention
+  (``F.scaled_dot_product_attention``, ``nn.MultiheadAttention``'s call) written out in those (``decomposed.py``);
 - every other call on a tensor that depends on the input is reported as not covered, unless its gradient is already
   exact: a linear map (convolutions, linear layers, sums and means, average pools, additions, a product with a
   weight or a constant, BatchNorm in eval mode, interpolation) or routing (reshapes, indexing, concatenation). The
@@ -105,8 +105,10 @@ def rule_table() -> RuleTable:
         .functions(MATMUL_FUNCTIONS, products.MATRIX_PRODUCT)
         .functions(products.DIV_FUNCTIONS, products.QUOTIENT)
         .functions(products.ADDCMUL_FUNCTIONS, products.ADDCMUL)
+        .functions(products.EINSUM_FUNCTIONS, products.EINSUM)
         .functions(decomposed.SOFTMAX_FUNCTIONS, decomposed.SOFTMAX)
         .functions(decomposed.NORM_FUNCTIONS, decomposed.NORM)
         .functions(decomposed.SDPA_FUNCTIONS, decomposed.ATTENTION)
+        .functions(decomposed.MHA_FUNCTIONS, decomposed.MHA)
         .functions(decomposed.NORMALIZE_FUNCTIONS, decomposed.NORMALIZE)
     )
