@@ -139,7 +139,7 @@ def check_lrp(model: nn.Module, x: Tensor, gen: torch.Generator) -> Check:
 
 
 def check_ig(model: nn.Module, x: Tensor, gen: torch.Generator) -> Check:
-    a, _ = _run(hv.IntegratedGradients(model, steps=32), x)
+    a, _ = _run(hv.IntegratedGradients(model, steps=32, batch_size=16), x)  # 64 path points, in chunks
     fx, fb = scores(model, x), scores(model, torch.zeros_like(x))
     check = judge(model, a, fx - fb, fx, fb, uncovered={})
     check.exact = False  # a quadrature: its error is not rounding (tests/test_axioms.py bounds it)
