@@ -12,7 +12,8 @@ backward pass. The table is built per call (`LRPRun.table`), so its rules share 
   run), then the type map, resolved at each call (the layer rule sees every call: ``owns_call``);
 - BatchNorm folded into the preceding layer for the call only: when a BatchNorm (eval mode) receives exactly the
   output of a convolution or linear layer, the rule is applied to the folded layer ``W' = W s``,
-  ``b' = (b - mean) s + beta`` (zennit's ``MergeBatchNorm``); the model's parameters are never written;
+  ``b' = (b - mean) s + beta`` (zennit's ``MergeBatchNorm``); the model's parameters are never written. A subclass
+  with a forward of its own (timm's BatchNormAct2d, its activation inside) is not folded: it passes relevance;
 - additions of two branches (``a + b``, ``torch.add``, ``a += b``, ``a.add_(b)``) in a ``forward``: split with the
   composite's sum rule (`Norm`), as zennit's ``Sum`` module after canonizing;
 - functional activations (``F.relu``, ``torch.sigmoid``, ...) pass relevance through like activation modules,
@@ -448,6 +449,10 @@ class LRPRun:
         that layer's output (and `bn` normalizes with running statistics); else None."""
         found = self.produced.get(id(x))
         if found is None or found[0] is not x or bn.training or bn.running_var is None:
+            return None
+        if type(bn).forward is not nn.modules.batchnorm._BatchNorm.forward:
+            # a BatchNorm with a forward of its own (timm's BatchNormAct2d applies its activation inside): its output
+            # is not the folded layer's, so it passes relevance, as zennit's rules treat a BatchNorm they do not merge
             return None
         prev = found[1]
         call = _Call(prev.entry, prev.rule, prev.x, output.detach() if prev.rule.needs_output else None)
