@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .._checks import is_number
+from .._device import to_device
 from ..inputs import check_finite
 
 
@@ -35,7 +36,7 @@ def baseline_like(b: Tensor | float | None, x: Tensor) -> Tensor:
             "one baseline (C, H, W) / (1, C, H, W) or one per input (N, C, H, W)"
         )
     check_finite(b, "baseline")  # again at call time: the tensor may have changed in place since __init__
-    return b.detach().to(device=x.device, dtype=x.dtype).expand_as(x)
+    return to_device(b.detach().to(x.dtype), x.device).expand_as(x)  # from the host without a wait
 
 
 def check_baseline(baseline: object) -> None:
@@ -83,7 +84,7 @@ def distribution(baselines: Tensor | float, x: Tensor) -> Tensor:
     """The baselines (B, ...) on `x`'s device and dtype; a number is one constant baseline shaped like one input."""
     if not isinstance(baselines, Tensor):
         return torch.full((1, *x.shape[1:]), float(baselines), device=x.device, dtype=x.dtype)
-    return baselines.detach().to(device=x.device, dtype=x.dtype)
+    return to_device(baselines.detach().to(x.dtype), x.device)  # from the host without a wait
 
 
 def check_distribution_shape(baselines: Tensor | float, x: Tensor) -> None:

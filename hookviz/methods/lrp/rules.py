@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..._device import to_device
 from . import output_rows
 
 
@@ -316,7 +317,7 @@ class ZBox(LinearRule):
         """The bound expanded to the input's shape; a bound that does not broadcast raises `ValueError`."""
         if not isinstance(value, Tensor):
             return torch.full_like(x, float(value))
-        t = value.detach().to(device=x.device, dtype=x.dtype)
+        t = to_device(value.detach().to(x.dtype), x.device)  # bounds built on the host: copied without a wait
         check_bound(value, x.shape, which)
         while t.dim() < x.dim() and t.dim() == x.dim() - 1:
             t = t.unsqueeze(0)
