@@ -203,9 +203,9 @@ class DeepLiftShap(_Multipliers):
         if plan.indices is None and plan.fn is None:  # the top class of each input, not of each pair
             with torch.no_grad():
                 top = self.model(x).argmax(1, keepdim=True)
-            plan = TargetPlan(top.cpu(), None, False)
-        rows = torch.arange(n, device=x.device).repeat_interleave(nb)  # input i paired with baselines 0..B-1
-        xs = x.detach()[rows]
+            plan = TargetPlan(top, None, False, from_output=True)  # on the device, never read
+        rows = torch.arange(n).repeat_interleave(nb)  # input i paired with baselines 0..B-1, on the host: no wait
+        xs = x.detach().repeat_interleave(nb, 0)
         bs = b.repeat(n, *(1,) * (b.dim() - 1))
         pair_plan = plan.take(rows)  # a callable sees the user's inputs: one call per baseline
         mult, targets, ref, coverage = _deeplift(self.model, hooks, xs, bs, pair_plan, type(self).__name__)
