@@ -104,9 +104,9 @@ OPTIONS = {
 # the lrp-<composite> names are `LRP` with another default composite: "lrp" stands for them (the rules themselves
 # are tested in test_lrp.py), which keeps the suite's run time modest
 SUITE_METHODS = sorted(m for m in hv.METHODS if not m.startswith("lrp-"))
-# layers with parameters that no CNN composite maps (LayerNorm, attention, the class token): refused up front by
-# "lrp" (epsilon-plus-flat); the transformer composites explain them (TRANSFORMER_METHODS, on the transformer archs)
-LRP_REFUSES = {"vit", "shapes_vit"}
+# "lrp" with no composite named takes AttnLRP on the ViTs (attention found), EpsilonPlusFlat on the CNNs: it refuses
+# none of the suite's architectures (a named CNN composite refuses a ViT: tests/test_lrp.py)
+LRP_REFUSES: set[str] = set()
 # the attention rollouts read self-attention: every architecture but the ViTs is refused up front ("no attention found")
 ATTENTION_METHODS = {"attention-rollout", "gradient-rollout"}
 HAS_ATTENTION = {"vit", "shapes_vit"}

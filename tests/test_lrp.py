@@ -465,7 +465,7 @@ def test_bad_input_errors() -> None:
         Composite(type_map=[(nn.Conv2d, "epsilon")])
     ln = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2))
     with pytest.raises(ValueError, match=r"has no rule for these layers with parameters: 1 \(LayerNorm\)"):
-        hv.LRP(ln)
+        hv.LRP(ln, "epsilon-plus-flat")  # named: refused (with none named, AttnLRP is chosen)
 
 
 def test_model_restored_and_parameters_untouched() -> None:
@@ -526,3 +526,28 @@ def test_cli_explain_and_visualize_with_diverging_map(tmp_path, capsys) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     expl = hv.LRP(_bias_free()).visualize(torch.randn(1, 3, 8, 8), target=1)
     assert expl.display["cmap"] == "bwr" and expl.display["reduce"] == "sum"  # signed relevance, 0 in the middle
+
+
+def test_no_composite_named_picks_one_that_fits_the_model() -> None:
+    """``hv.LRP(model)`` (issue 35): zennit's EpsilonPlusFlat for a convolutional network, AttnLRP where attention or
+    a LayerNorm is found (torchvision's vit_b_16 was refused: no rule for LayerNorm); the repr says which and why,
+    and the maps are those of the composite named."""
+    torch.manual_seed(0)
+    cnn = torchvision.models.resnet18(weights=None, num_classes=5).eval()
+    lrp = hv.LRP(cnn)
+    assert lrp.composite.name == "epsilon-plus-flat"
+    assert repr(lrp) == (
+        "LRP(ResNet, composite='epsilon-plus-flat' (chosen: no attention or LayerNorm: a convolutional network))"
+    )
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(lrp.attribute(x, 1), hv.LRP(cnn, "epsilon-plus-flat").attribute(x, 1))
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    vit = VisionTransformer(32, 16, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=5).eval()
+    lrp = hv.LRP(vit)
+    assert lrp.composite.name == "attn-lrp"
+    assert "(chosen: attention found: encoder.layers.encoder_layer_0.self_attention (MultiheadAttention))" in repr(lrp)
+    assert torch.equal(lrp.attribute(x, 2), hv.LRP(vit, "attn-lrp").attribute(x, 2))
+    mixer = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3))
+    assert "(chosen: a normalisation found: 1 (LayerNorm))" in repr(hv.LRP(mixer))
+    assert "chosen" not in repr(hv.LRP(cnn, "epsilon"))

@@ -28,6 +28,7 @@ from .composites import (
 from .gradient_form import GradientFormRun, gradient_form_allowed
 from .propagate import LRPRun
 from .rules import ZBox, check_bound
+from .transformer import module_kind
 
 # Signed relevance: sum the channels, keep 0 at the middle of a diverging colour map.
 _RELEVANCE_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay": False}
@@ -44,7 +45,9 @@ class LRP(Attribution):
     input (N, C, H, W); (N, K, C, H, W) with K targets per input (one forward pass, K backward passes).
 
     Args:
-        composite: a name (``"epsilon"``, ``"epsilon-plus"``, ``"epsilon-plus-flat"`` (default),
+        composite: None (default: the one that fits the model, `fitting_composite`: ``"attn-lrp"`` where
+            attention or a LayerNorm / RMSNorm is found, else ``"epsilon-plus-flat"``; the repr says which and why),
+            a name (``"epsilon"``, ``"epsilon-plus"``, ``"epsilon-plus-flat"``,
             ``"epsilon-alpha2-beta1"``, ``"epsilon-alpha2-beta1-flat"``, ``"epsilon-gamma-box"``; for transformers
             ``"attn-lrp"``, AttnLRP (Achtibat et al., 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance
             Propagation for Transformers", ICML), and ``"cp-lrp"``, CP-LRP (Ali et al., 2022, "XAI for
@@ -85,7 +88,7 @@ class LRP(Attribution):
     def __init__(
         self,
         model: nn.Module,
-        composite: str | Composite = "epsilon-plus-flat",
+        composite: str | Composite | None = None,
         *,
         canonize: bool = True,
         epsilon: float = 1e-6,
@@ -101,6 +104,9 @@ class LRP(Attribution):
         super().__init__(model, eval_mode=eval_mode, backward=backward)
         if not isinstance(canonize, bool):
             raise TypeError(f"canonize must be True or False, got {type(canonize).__name__} {canonize!r}")
+        self._chosen: str | None = None
+        if composite is None:
+            composite, self._chosen = fitting_composite(model)
         if isinstance(composite, str):
             extra: dict[str, Any] = {} if linear_gamma is None else {"linear_gamma": linear_gamma}
             comp = _named_composite(composite, epsilon=epsilon, gamma=gamma, low=low, high=high, **extra)
@@ -135,7 +141,8 @@ class LRP(Attribution):
 
     def __repr__(self) -> str:
         tap = f", {self._tap!r}" if self._tap is not None else ""
-        return f"LRP({type(self.model).__name__}, composite={self.composite.name!r}{tap})"
+        chosen = f" (chosen: {self._chosen})" if self._chosen else ""
+        return f"LRP({type(self.model).__name__}, composite={self.composite.name!r}{chosen}{tap})"
 
     @property
     def method_label(self) -> str:
@@ -231,6 +238,23 @@ def _check_mapped(model: nn.Module, comp: Composite) -> None:
             "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())])); for "
             "transformers use composite='attn-lrp' or 'cp-lrp'"
         )
+
+
+def fitting_composite(model: nn.Module) -> tuple[str, str]:
+    """(composite name, why) for `model` when none is named: AttnLRP where the model has attention (a module of
+    ``nn.MultiheadAttention`` or one whose class name says attention, as in timm and Hugging Face) or a
+    normalisation the CNN composites have no rule for (``nn.LayerNorm``, ``nn.RMSNorm``, a norm by class name:
+    ConvNeXt, MLP-Mixer); zennit's ``EpsilonPlusFlat`` otherwise (convolutional networks)."""
+    modules = list(model.named_modules())
+    for name, module in modules:
+        kind = type(module).__name__
+        if isinstance(module, nn.MultiheadAttention) or "attention" in kind.lower():
+            return "attn-lrp", f"attention found: {name or 'the model'} ({kind})"
+    for name, module in modules:
+        kind = type(module).__name__
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm":
+            return "attn-lrp", f"a normalisation found: {name or 'the model'} ({kind})"
+    return "epsilon-plus-flat", "no attention or LayerNorm: a convolutional network"
 
 
 register("lrp")(LRP)
