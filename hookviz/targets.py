@@ -475,17 +475,46 @@ def _check_multi(scores: Tensor, output: Any) -> None:
 VMAP_CHUNK = 16  # seeds per vectorized backward pass: its memory grows with the chunk, not with K
 
 
-def auto_strategy(device: torch.device) -> Literal["vmap", "loop"]:
-    """What ``backward="auto"`` runs for K > 1 targets on `device`: the loop on the CPU, vmap on accelerators.
+# The largest backward pass (elements of the tensors differentiated, all N rows) for which ``backward="auto"`` runs
+# vmap: below it one pass over N rows leaves the device idle between kernels (launches, Python, a core's cache), so
+# batching K seeds into one pass wins; above it the device is busy and the batching rules' copies cost more than the
+# launches they save. One rule for every device: the measured crossovers lie near it on an H100 and on 2 CPU cores
+# (`auto_strategy`).
+VMAP_WORK = 300_000
 
-    Measured (torchvision models, weights=None, N=1, K=10, 224x224, 2 CPU cores, median ms): resnet18 loop 344 vs
-    vmap 379, vgg11 1346 vs 1414 (quiet machine); resnet18 Saliency loop 12335 vs vmap 25703 on the same 2 cores
-    heavily loaded (``benchmarks/bench_targets.py``). On the CPU a vectorized backward pass runs the same FLOPs as K
-    passes plus the batching rules' overhead, so the loop wins. On a GPU one pass over K seeds launches one set of
-    kernels instead of K, which is why vmap is the default there (not measured in this project yet: rerun
-    ``benchmarks/bench_targets.py --device cuda``).
+
+def auto_strategy(device: torch.device, work: int | None = None) -> Literal["vmap", "loop"]:
+    """What ``backward="auto"`` runs for K > 1 targets: vmap where one backward pass is too small to keep the device
+    busy, the loop (K passes over the retained graph) otherwise, by `work`: the elements of the tensors
+    differentiated, all rows (an (N, 3, 224, 224) batch: N x 150,528; Grad-CAM's layer4 output of a resnet18 at
+    64x64: N x 2,048). vmap where `work` <= `VMAP_WORK` (300,000), on every device; `device` decides only where the
+    work is not given (None: the loop on the CPU, vmap elsewhere).
+
+    A vectorized pass runs the same arithmetic as K passes plus the batching rules' copies; it saves K - 1 sets of
+    kernel launches and Python, which matters while one pass is too small to fill the device. The size of what is
+    differentiated stands for the size of each operation of the pass: an input gradient's operations are a few times
+    its input (a stem convolution's output), Grad-CAM's are no larger than its layer's output.
+
+    Measured, median ms of ``attribute`` with K = 10 targets per input, vmap / loop, the rule's pick in bold:
+
+    ================================  ===============  ===============  ===============  ===============
+    H100, resnet50 224 (bench_gpu)    N = 1 (150k)     N = 8 (1.2M)     N = 64           N = 128
+    ================================  ===============  ===============  ===============  ===============
+    Saliency                          **31.7** / 44.4  65.2 / **61.0**  333 / **293**    636 / **555**
+    Guided Backprop                   **40.9** / 60.5  72.5 / **69.5**  349 / **311**    670 / **590**
+    ================================  ===============  ===============  ===============  ===============
+
+    On 2 CPU cores (resnet18 at 64x64: an input of 12,288 elements per image; Grad-CAM at layer4, 2,048;
+    ``python benchmarks/bench_targets.py --ns 1 8 64 128 --size 64 --k 10 --models resnet18``,
+    ``benchmarks/results/targets-cpu.md``; these runs vary by 10-20%, the borderline rows were run again with one
+    thread and 9 repeats): vmap wins the input gradients at N = 1 (0.81-0.85x the loop), ties at N = 8 (98,304
+    elements: 0.93-0.98x with one thread, 0.94-1.10x with two), loses from N = 64 (786,432: 1.21-1.38x); for Grad-CAM
+    it wins or ties up to N = 128 (131,072 elements: 0.97-1.01x; 262,144: 0.90x with one thread). The crossovers,
+    0.15-1.2 million elements on the H100 and 0.1-0.8 million on the CPU, both hold 300,000.
     """
-    return "loop" if device.type == "cpu" else "vmap"
+    if work is None:
+        return "loop" if device.type == "cpu" else "vmap"
+    return "vmap" if work <= VMAP_WORK else "loop"
 
 
 def batched_grad(
@@ -497,7 +526,7 @@ def batched_grad(
     the column sum gives every sample's gradient at once. With K > 1 the K seeds are batched: ``"vmap"`` runs
     vectorized backward passes (`torch.autograd.grad(..., is_grads_batched=True)`) over at most `chunk` seeds at a
     time, which bounds the memory; ``"loop"`` runs K backward passes over the retained graph. ``"auto"`` picks the
-    faster one for the device (`auto_strategy`: the loop on the CPU, vmap on GPUs) and falls back to the loop for
+    faster one for the work and the device (`auto_strategy`: vmap for small passes) and falls back to the loop for
     operations vmap cannot batch or when vmap runs out of memory, with a RuntimeWarning (once per reason) that says
     why.
     """
@@ -509,7 +538,8 @@ def batched_grad(
         if k == 1:
             grads = torch.autograd.grad(scores.sum(), inputs)
             return [g.unsqueeze(1) for g in grads]
-        how = auto_strategy(scores.device) if strategy == "auto" else strategy
+        work = sum(t.numel() for t in inputs)
+        how = auto_strategy(scores.device, work) if strategy == "auto" else strategy
         if how == "vmap":
             try:
                 return _vmap_grad(scores, inputs, chunk, fallback=strategy == "auto")

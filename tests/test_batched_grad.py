@@ -34,14 +34,31 @@ def test_k_gradients_equal_the_jacobian_rows(strategy, chunk):
     torch.testing.assert_close(grad, _jacobian_rows(net, x.detach(), cols), rtol=1e-12, atol=1e-12)
 
 
-def test_auto_is_the_loop_on_the_cpu_and_vmap_on_gpus():
+def test_auto_chooses_by_the_work_not_the_device(monkeypatch):
+    """vmap for passes of at most VMAP_WORK elements, on every device; the loop above (issue 35: the measured
+    crossovers in auto_strategy's docstring); the device decides only where the work is not given."""
+    for device in (torch.device("cpu"), torch.device("cuda", 0)):
+        assert auto_strategy(device, 150_528) == "vmap"  # one 224x224 image
+        assert auto_strategy(device, targets_module.VMAP_WORK) == "vmap"
+        assert auto_strategy(device, 8 * 150_528) == "loop"
     assert auto_strategy(torch.device("cpu")) == "loop"
     assert auto_strategy(torch.device("cuda", 0)) == "vmap"
-    _, x, out = _scores()
+    _, x, out = _scores()  # 3 x 6 elements: vmap, the same gradients as the loop
     (auto,) = batched_grad(out[:, [1, 3]], [x], strategy="auto")
     _, x2, out2 = _scores()
-    (loop,) = batched_grad(out2[:, [1, 3]], [x2], strategy="loop")
-    assert torch.equal(auto, loop)  # bit for bit: the same passes
+    (vmap,) = batched_grad(out2[:, [1, 3]], [x2], strategy="vmap")
+    assert torch.equal(auto, vmap)
+    seen = []
+    real = targets_module.auto_strategy
+
+    def spy(device: torch.device, work: int | None = None) -> str:
+        seen.append(work)
+        return real(device, work)
+
+    monkeypatch.setattr(targets_module, "auto_strategy", spy)
+    _, x3, out3 = _scores()
+    batched_grad(out3[:, [0, 2]], [x3], strategy="auto")
+    assert seen == [x3.numel()]  # the elements of the tensors differentiated, all rows
 
 
 def test_chunk_must_be_positive():
@@ -59,7 +76,7 @@ def test_chunk_must_be_positive():
 )
 def test_auto_falls_back_to_the_loop_with_one_warning_that_says_why(monkeypatch, error, said):
     # where auto picks vmap (GPUs) and vmap fails, the loop gives the same gradients; the fallback is said once
-    monkeypatch.setattr(targets_module, "auto_strategy", lambda device: "vmap")
+    monkeypatch.setattr(targets_module, "auto_strategy", lambda device, work=None: "vmap")
     monkeypatch.setattr(targets_module, "_FALLBACKS_WARNED", set())
 
     def failing(*args, **kwargs):

@@ -91,9 +91,10 @@ class Attribution:
             modes; buffers changed by the forward pass (BatchNorm running statistics) are restored afterwards,
             but samples are no longer independent under batch statistics.
         backward: how K targets per input are batched: ``"loop"`` (K backward passes over the retained graph),
-            ``"vmap"`` (vectorized backward passes over chunks of the K seeds) or ``"auto"`` (default: the loop on
-            the CPU, where it measured faster, e.g. resnet18 at 224x224 with K = 10: 344 ms vs 379 ms; vmap on GPUs,
-            falling back to the loop where vmap cannot batch an operation; see `hookviz.targets.auto_strategy`).
+            ``"vmap"`` (vectorized backward passes over chunks of the K seeds) or ``"auto"`` (default: vmap where one
+            backward pass is too small to keep the device busy, the loop otherwise, by the elements the pass
+            differentiates: measured crossovers in `hookviz.targets.auto_strategy`; falling back to the loop where
+            vmap cannot batch an operation).
     """
 
     key: ClassVar[str] = ""
