@@ -89,13 +89,16 @@ def build(row: str, model_name: str, model: nn.Module) -> Callable[[torch.Tensor
         from zennit.composites import EpsilonPlusFlat
         from zennit.torchvision import ResNetCanonizer, VGGCanonizer
 
-        canon = ResNetCanonizer() if model_name.startswith("resnet") else VGGCanonizer()
-        comp = EpsilonPlusFlat(canonizers=[canon])
+        # torchvision's ResNets and VGGs get zennit's canonizer; another model (a plain CNN) none
+        canon = [ResNetCanonizer()] if model_name.startswith("resnet") else []
+        canon = [VGGCanonizer()] if model_name.startswith("vgg") else canon
+        comp = EpsilonPlusFlat(canonizers=canon)
+
+        def seed(out: torch.Tensor) -> torch.Tensor:  # one-hot at the target, shaped like the output
+            return torch.zeros_like(out).index_fill_(1, torch.tensor([target]), 1.0)
 
         def zennit(x: torch.Tensor) -> Any:
             with Gradient(model=model, composite=comp) as attributor:
-                seed = torch.zeros(x.shape[0], 1000)
-                seed[:, target] = 1.0
                 return attributor(x, seed)[1]
 
         return zennit

@@ -121,7 +121,7 @@ def _syncs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 # an accelerator; their reads are reported ("CPU only"), not counted, since a GPU run never makes them
 CPU_ONLY = {
     ("methods/lrp/output_rows.py", "product"),  # off the CPU the output layer's product is taken whole
-    ("methods/lrp/gradient_form.py", "_ratio"),  # off the CPU the mask of zero inputs is always applied
+    ("methods/lrp/identity.py", "_ratio"),  # off the CPU the mask of zero inputs is always applied
 }
 
 

@@ -94,13 +94,14 @@ def test_by_hand_on_a_gated_product() -> None:
         torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)  # float64 rounding
 
 
-def test_only_zero_stabilizers_and_transformer_rules_use_it() -> None:
+def test_which_composites_use_it() -> None:
     assert gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
     assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0, stabilizer=0.0))
-    assert not gradient_form_allowed(composite_of("attn-lrp"))  # epsilon 1e-6: not exact in this form
+    assert not gradient_form_allowed(composite_of("attn-lrp"))  # the transformer rules' stabilizers: not yet
     assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0))  # the sums' stabilizer 1e-6
     assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0, linear_gamma=0.25))
-    assert not gradient_form_allowed(composite_of("epsilon", epsilon=0.0, stabilizer=0.0))  # CNN composites
+    for name in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box"):  # the CNN composites: every rule (`layers`)
+        assert gradient_form_allowed(composite_of(name, low=-1.0, high=1.0))
 
 
 def test_model_left_as_it_came_when_interrupted() -> None:

@@ -16,6 +16,7 @@ plain autograd. The maps equal the relevance form's with the same composite (tes
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -31,8 +32,11 @@ from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
 from ..rules.reach import InputReach
 from .attention import MHA, SDPA, mha_heads
+from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
 from .held_attention import held_attention
+from .identity import IdentityRuleFn, again_module
+from .layers import LayerRules, uncovered
 from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Epsilon, Gradient, Norm, Pass, Rule
@@ -72,7 +76,9 @@ _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
 def gradient_form_allowed(composite: Composite) -> bool:
     """Whether every rule of the transformer `composite` is exact in gradient-times-input form: its epsilon and
     stabilizers are 0 and its rules are the AttnLRP / CP-LRP ones (no gamma, no user rules of another kind)."""
-    if composite.transformer is None or getattr(composite.sum_rule, "stabilizer", None) != 0:
+    if composite.transformer is None:
+        return True  # the layer rules of the other composites, every one of them (`layers`)
+    if getattr(composite.sum_rule, "stabilizer", None) != 0:
         return False
     rules = composite.transformer
     if rules.product.epsilon != 0 or rules.norm.epsilon != 0:
@@ -126,57 +132,6 @@ def _share(t: Tensor, w: float) -> Tensor:
     return t.detach() if w == 0.0 else _ScaleGrad.apply(t, w)
 
 
-class _IdentityRuleFn(torch.autograd.Function):
-    """Output: an elementwise op's output y; backward: ``g y / x`` (relevance passes unchanged: R_x = x g_x = y g_y;
-    zero where x is 0, whose relevance is 0 either way).
-
-    Without `again` the ratio y / x is taken here, in the forward pass, and kept instead of x (one tensor the size
-    of x, as the floor keeps an activation's input): the backward pass is one product. With `again` (how to compute
-    y from x) only x is kept and the ratio is taken in the backward pass, if one comes: for CP-LRP's gates, which
-    the product holds constant, so that no backward pass ever reaches them."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], again: Callable[[Tensor], Tensor] | None) -> Tensor:
-        y = ybox[0]
-        ctx.again = again
-        if again is None:
-            ctx.save_for_backward(_ratio(y, x))
-        else:
-            ctx.save_for_backward(x)
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
-        if ctx.again is None:
-            (ratio,) = ctx.saved_tensors
-        else:
-            (x,) = ctx.saved_tensors
-            with torch.no_grad():
-                ratio = _ratio(ctx.again(x), x)
-        return g * ratio, None, None
-
-
-def _ratio(y: Tensor, x: Tensor) -> Tensor:
-    """y / x, 0 where x is 0. Where x is 0 the quotient is not finite (0 / 0, or y / 0), so on the CPU a finite sum
-    of the quotients says there is no such place and the mask is skipped: one read instead of a comparison and a
-    fill over the activation (a third of the rule's time on a ViT-B MLP; the same values either way). On an
-    accelerator the mask is always applied: reading the sum would wait for the device."""
-    ratio = y / x
-    if ratio.device.type == "cpu" and bool(ratio.sum().isfinite()):
-        return ratio
-    return ratio.masked_fill_(x == 0, 0)
-
-
-def _again_module(module: nn.Module) -> Callable[[Tensor], Tensor] | None:
-    """How to compute a module activation's output again from its input (None in training mode: random draws,
-    running statistics; the ratio is then taken in the forward pass)."""
-    if module.training or not callable(getattr(module, "forward", None)):  # RReLU, BatchNorm updating its stats
-        return None
-    inplace = bool(getattr(module, "inplace", False))
-    return lambda x: module.forward(x.clone() if inplace else x)  # forward, not __call__: no hooks
-
-
 class _NormFn(torch.autograd.Function):
     """Output: a normalisation's output; backward: the transpose of the map with 1/std held constant (`NormMap`).
     The std is taken in the forward pass and kept, (..., 1), not the input: the floor keeps the input (its own
@@ -205,14 +160,23 @@ class GradientFormRun:
     engine's table rewrites products, softmax, fused attention, normalisations and activations; everything else is
     its plain gradient. `coverage` is set after the pass."""
 
-    def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager) -> None:
-        assert composite.transformer is not None
+    def __init__(
+        self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool = True, n: int = 1
+    ) -> None:
         self.model = model
         self.composite = composite
         self.hooks = hooks
-        self.cp = composite.transformer.softmax.hold
-        self.hold_gates = composite.transformer.product.hold_gates
         self.reach = InputReach()
+        self.entries: list[AuditEntry] = []
+        self.book = AuditBook(self.entries)
+        self.counts: Counter[str] = Counter()
+        # the other composites' layer rules (`layers`): the whole table where the composite has no transformer rules
+        self.layers = None if composite.transformer is not None else (
+            LayerRules(model, composite, canonize, self.reach, self.entry, n)
+        )  # fmt: skip
+        transformer = composite.transformer
+        self.cp = transformer is not None and transformer.softmax.hold
+        self.hold_gates = transformer is not None and transformer.product.hold_gates
         # id -> (weak reference, module type or function) of activation outputs: CP-LRP holds a gated MLP's gate
         self.gates: dict[int, tuple[weakref.ref[Tensor], object]] = {}
         self.gate_keys: set[object] = set()  # the activations whose outputs were gates in this pass
@@ -222,8 +186,28 @@ class GradientFormRun:
         # F.rms_norm's rule)
         self.norms: list[list[Any]] = []
 
+    def entry(self, name: str, rule: Rule) -> AuditEntry:
+        """A new audit entry for a call of `name` (``name#k`` for its k-th call) with `rule`, in execution order."""
+        self.counts[name] += 1
+        k = self.counts[name]
+        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name, book=self.book, row=len(self.entries))
+        self.entries.append(e)
+        return e
+
+    @property
+    def sink(self) -> Tensor | None:
+        """Where the first layer's relevance on the explained input went whole (`layer_fn`), or None."""
+        return None if self.layers is None else self.layers.sink
+
+    def set_leaf(self, leaf: Tensor) -> None:
+        """The explained input, before the forward pass."""
+        if self.layers is not None:
+            self.layers.leaf = leaf
+
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
+        if self.layers is not None:
+            return self.layers.add_entries(RuleTable(uncovered=uncovered))
         comp = self.composite
 
         def rule_of(module: nn.Module) -> Rule | None:
@@ -285,8 +269,8 @@ class GradientFormRun:
                 return None
             assert isinstance(call.op, nn.Module)
             key = type(call.op)
-            again = _again_module(call.op) if self._gate_like(key) else None
-            return self._gate(_IdentityRuleFn.apply(x, (out,), again), key)
+            again = again_module(call.op) if self._gate_like(key) else None
+            return self._gate(IdentityRuleFn.apply(x, (out,), again), key)
 
         def owned(name: str, fn: Callable[[Call], Any]) -> EngineRule:
             return EngineRule(name, fn, owns_call=True)
@@ -513,7 +497,7 @@ class GradientFormRun:
         def again(t: Tensor) -> Tensor:
             return op(t, *args[1:], **kwargs) if args else op(**{**kwargs, "input": t})
 
-        return self._gate(_IdentityRuleFn.apply(x, (out,), again if self._gate_like(op) else None), op)
+        return self._gate(IdentityRuleFn.apply(x, (out,), again if self._gate_like(op) else None), op)
 
     # -- the pass -------------------------------------------------------------------------------------------------
     @contextmanager
@@ -527,4 +511,6 @@ class GradientFormRun:
             self.gate_keys.clear()
             self.norms.clear()
             self.reach.clear()
+            if self.layers is not None:
+                self.layers.clear()
             self.coverage = engine.coverage

@@ -71,10 +71,11 @@ class LRP(Attribution):
     operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
     raises `ValueError` before any work.
 
-    A transformer composite with zero stabilizers (``composite("attn-lrp", epsilon=0, stabilizer=0)``: the
-    unstabilised rules that `lxt` applies) runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`):
-    one plain backward pass, the input times its gradient, the same map at about the gradient's cost; its audit then
-    holds the totals only (no per-layer entries).
+    The CNN composites, and a transformer composite with zero stabilizers (``composite("attn-lrp", epsilon=0,
+    stabilizer=0)``: the unstabilised rules that `lxt` applies), run in gradient-times-input form
+    (`hookviz.methods.lrp.gradient_form`): one backward pass of modified gradients carrying relevance over
+    activation, the input times its gradient; the transformer composites with zero stabilizers are then one plain
+    backward pass and their audit holds the totals only (no per-layer entries).
 
     Example::
 
@@ -161,7 +162,7 @@ class LRP(Attribution):
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
         # zero stabilizers: one plain backward pass in gradient-times-input form (`gradient_form`)
         run = (
-            GradientFormRun(self.model, self.composite, hooks)
+            GradientFormRun(self.model, self.composite, hooks, self.canonize, x.shape[0])
             if self._gradient_form
             else LRPRun(self.model, self.composite, hooks, self.canonize)
         )
@@ -170,6 +171,8 @@ class LRP(Attribution):
             with run.forward_pass():
                 if self._tap is None:
                     leaf = x.detach().requires_grad_(True)
+                    if isinstance(run, GradientFormRun):
+                        run.set_leaf(leaf)
                     output = fwd(self.model, (leaf,))
                 else:
                     with self._tap.capture() as taken:
@@ -184,15 +187,19 @@ class LRP(Attribution):
         scores = targets.scores
         # K targets run K backward passes: the rules' custom backward functions do not batch under vmap.
         if isinstance(run, GradientFormRun):
-            # a gradient of 1 at the score is relevance f_c(x) over activation f_c(x); relevance = input x gradient
-            (grad,) = batched_grad(scores, [leaf], strategy="loop")
-            relevance = leaf.detach().unsqueeze(1) * grad
+            # a gradient of 1 at the score is relevance f_c(x) over activation f_c(x); relevance = input x gradient,
+            # plus what a first layer's rule handed to the input whole (`layer_fn`)
+            sink = run.sink
+            grads = batched_grad(scores, [leaf] if sink is None else [leaf, sink], strategy="loop")
+            relevance = leaf.detach().unsqueeze(1) * grads[0]
+            if sink is not None:
+                relevance = relevance + grads[1]
         else:
             # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it
             (relevance,) = batched_grad(scores * scores.detach(), [leaf], strategy="loop")
         start = scores.detach().sum(1)
         total = relevance.detach().flatten(2).sum(2).sum(1)
-        entries = list(run.entries) if isinstance(run, LRPRun) else []  # the gradient form has no per-rule sums
+        entries = list(run.entries)
         self.audit = RelevanceAudit(start=start, total=total, entries=entries)
         return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
 

@@ -1,0 +1,154 @@
+"""The CNN composites in gradient-times-input form (issue 35, part 2): the layer rules as modified gradients in one
+ordinary backward pass (`hookviz.methods.lrp.layers`) give the relevance form's maps and audit on torchvision's
+ResNet, VGG, DenseNet, GoogLeNet and MobileNetV3 in float64, and what the form cannot carry (relevance at an exact
+zero) is what the docs say.
+
+Tolerance: float64 on both sides, the same rules with the divisions in another place (g times z / stab(z) where the
+relevance form divides R by stab(z)): rounding (u = 1.1e-16) amplified along the chain of stabilized divisions; with
+LRP-epsilon on every layer, whose relevance mostly leaks away, the largest relevance is small against the terms that
+cancel (measured 7e-13 of it on resnet18), elsewhere 1e-15. 1e-10 and 1e-12 of the largest relevance."""
+
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+
+import pytest
+import torch
+import torchvision
+from test_lrp import HIGH, LOW, _arch, _seeded
+from torch import Tensor, nn
+
+import hookviz as hv
+from hookviz.methods.lrp import COMPOSITES, Composite, Flat, Pass, composite
+
+TARGETS = torch.tensor([[1, 3], [2, 0]])
+
+
+def _both(model: nn.Module, x: Tensor, comp: str | Composite, **kw) -> tuple[hv.LRP, Tensor, hv.LRP, Tensor]:
+    fast = hv.LRP(model, comp, low=LOW.double(), high=HIGH.double(), **kw)
+    slow = hv.LRP(model, comp, low=LOW.double(), high=HIGH.double(), **kw)
+    assert fast._gradient_form
+    slow._gradient_form = False  # the relevance form: each rule an autograd Function carrying R
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MobileNetV3's SE gates: no rule (both forms warn)
+        return fast, fast.attribute(x, TARGETS), slow, slow.attribute(x, TARGETS)
+
+
+def _family(arch: str) -> nn.Module:
+    if arch in ("resnet18", "vgg11_bn"):
+        model = copy.deepcopy(_arch(arch)).double()  # test_lrp's (VGG's classifier narrowed), random statistics
+    else:
+        torch.manual_seed(0)
+        kw = {"aux_logits": False, "init_weights": True} if arch == "googlenet" else {}
+        model = _seeded(getattr(torchvision.models, arch)(weights=None, num_classes=10, **kw)).double()
+    if arch == "densenet121":
+        # DenseNet normalises concatenations of ReLU'd, max-pooled features: a BatchNorm with nothing to fold into,
+        # whose pass rule in the relevance form gave its shift's relevance to the zeros of its input (and on through
+        # the max pool to negative pre-activations); in gradient-times-input form a zero carries none
+        # (`test_an_unfolded_batchnorm_gives_a_zero_input_no_relevance`). Without shifts both forms agree
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_mean.zero_()
+                    m.bias.zero_()
+    if arch == "mobilenet_v3_small":
+        # the SE gates' products have no rule (warned): each form's plain gradient, which differ (relevance vs
+        # relevance over activation); with the gate held, the product is a scaling, the same in both
+        from torchvision.ops.misc import SqueezeExcitation
+
+        def held(self: nn.Module, x: Tensor) -> Tensor:
+            return self._scale(x).detach() * x
+
+        for m in model.modules():
+            if isinstance(m, SqueezeExcitation):
+                m.forward = types.MethodType(held, m)
+    return model
+
+
+# every composite on ResNet (residual sums, folding) and VGG with BatchNorm; three on the families that add operations
+# (concatenations, unfolded BatchNorm, average pools, Hardswish)
+_CASES = [(a, n) for a in ("resnet18", "vgg11_bn") for n in COMPOSITES] + [
+    (a, n)
+    for a in ("densenet121", "googlenet", "mobilenet_v3_small")
+    for n in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box")
+]
+
+
+@pytest.mark.parametrize("arch, name", _CASES)
+def test_equals_the_relevance_form_on_cnn_families(arch: str, name: str) -> None:
+    model = _family(arch)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    fast, got, slow, want = _both(model, x, name)
+    big = float(want.abs().max())
+    tol = 1e-10 if name == "epsilon" else 1e-12
+    torch.testing.assert_close(got, want, rtol=0, atol=tol * big)
+    assert big > 0
+    assert fast.audit is not None and slow.audit is not None
+    assert [(e.name, e.rule) for e in fast.audit.entries] == [(e.name, e.rule) for e in slow.audit.entries]
+    for e, f in zip(fast.audit.entries, slow.audit.entries, strict=True):
+        if f.entered is None:
+            assert e.entered is None, e.name
+            continue
+        scale = float(f.entered.abs().max() + f.left.abs().max())
+        torch.testing.assert_close(e.entered, f.entered, rtol=0, atol=1e-8 * scale, msg=e.name)
+        torch.testing.assert_close(e.left, f.left, rtol=0, atol=1e-8 * scale, msg=e.name)
+
+
+def test_an_unfolded_batchnorm_gives_a_zero_input_no_relevance() -> None:
+    """A BatchNorm after a ReLU passes relevance (the pass rule): where its input is 0, its output is its shift t,
+    whose relevance y g the relevance form handed to the zero; in gradient-times-input form R = x g is 0 there.
+    By hand, LRP-epsilon on the linear layers: R_h = y * W2^T (R_out / stab(z2)) elsewhere."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.BatchNorm1d(6), nn.Linear(6, 2)).double().eval()
+    with torch.no_grad():
+        model[2].running_mean.uniform_(-0.5, 0.5)
+        model[2].bias.uniform_(0.5, 1.0)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    h = model[1](model[0](x))
+    assert (h == 0).any() and (h > 0).any()
+    y = model[2](h)
+    z2 = model[3](y)
+
+    def stab(z: Tensor) -> Tensor:
+        return z + torch.where(z >= 0, 1e-6, -1e-6).to(z.dtype)
+
+    r_out = torch.zeros_like(z2)
+    r_out[:, 1] = z2[:, 1]
+    r_y = y * ((r_out / stab(z2)) @ model[3].weight)
+    r_h = torch.where(h == 0, 0.0, r_y)  # the pass rule; a zero input carries none
+    z1 = model[0](x)
+    r_z1 = torch.where(z1 > 0, r_h, 0.0)  # the ReLU (its own gradient: relevance passes where it is on)
+    want = x * ((r_z1 / stab(z1)) @ model[0].weight)
+    got = hv.LRP(model, "epsilon").attribute(x, 1)
+    torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-12)  # float64, the formulas in another order
+
+
+def test_a_first_layer_rule_keeps_the_relevance_of_zero_pixels() -> None:
+    """Flat spreads relevance over its whole receptive field, zero pixels included (a black background): on the
+    explained input itself that relevance goes to it whole (`layer_fn`'s sink), not through x g, so the map equals
+    the relevance form's and conserves, black pixels included."""
+    torch.manual_seed(4)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.ReLU(), nn.Flatten(), nn.Linear(64, 4, bias=False)
+    ).double().eval()  # fmt: skip
+    x = torch.rand(2, 3, 4, 4, dtype=torch.float64)
+    x[:, :, :2] = 0.0  # the upper half black
+    comp = composite("epsilon", epsilon=0.0, stabilizer=0.0, name_map=[("0", Flat(stabilizer=0.0))])
+    fast, got, slow, want = _both(model, x, comp)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))
+    assert float(got[:, :, :2].abs().sum()) > 0  # the black half has relevance
+    fx = model(x)[torch.arange(2)[:, None], TARGETS].detach()
+    torch.testing.assert_close(got.flatten(2).sum(2), fx, rtol=1e-10, atol=1e-12)  # Flat and LRP-0 conserve
+
+
+def test_pass_rule_on_an_activation_whose_zero_is_not_zero() -> None:
+    """A sigmoid passes relevance (the pass rule): in gradient-times-input form its gradient is y / x, and a
+    sigmoid input of exactly 0 (output 0.5) passes none; elsewhere the map equals the relevance form's."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Sigmoid(), nn.Linear(4, 4)).double().eval()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    fast, got, slow, want = _both(model, x, Composite(type_map=[(nn.Linear, hv.methods.lrp.Epsilon()),
+                                                                 (nn.Sigmoid, Pass())]))  # fmt: skip
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))
