@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..hooks import select_modules
@@ -56,14 +57,55 @@ def batch_size_of(inputs: Any, what: str) -> int:
     return first.shape[0]
 
 
-def expand_inputs(inputs: Any, repeats: int) -> Any:
-    """Every batch tensor of `inputs` repeated `repeats` times along the batch axis (site-major: [x, x, x, ...])."""
+class ChunkBuffers:
+    """Storage that the chunks of one sweep reuse, one tensor per slot, sized by the first (largest) chunk.
+
+    A chunk of k patched copies hands the model tensors of k x N rows (the inputs repeated, cached outputs repeated,
+    the patched site); made fresh per chunk, each is a new block of megabytes that the C allocator (glibc) maps,
+    zeroes and faults in page by page, and unmaps when the chunk ends, until a freed block has raised its mmap
+    threshold past that size (`benchmarks/bench_patching.py`: a fresh process paid twice the warm time). Written
+    into the same storage chunk after chunk, the values and the layout are those of the fresh tensors (contiguous,
+    rows k x N), and the pages are touched once per sweep. A chunk's tensors are used up (its metric computed) before
+    the next chunk overwrites them."""
+
+    def __init__(self) -> None:
+        self._store: dict[Any, Tensor] = {}
+
+    def _rows(self, slot: Any, like: Tensor, rows: int) -> Tensor:
+        """Contiguous uninitialised (rows, *like.shape[1:]) storage of slot, kept for the next chunk."""
+        shape = (rows, *like.shape[1:])
+        buf = self._store.get(slot)
+        kind = (shape[1:], like.dtype, like.device)
+        if buf is None or buf.shape[0] < rows or (buf.shape[1:], buf.dtype, buf.device) != kind:
+            buf = self._store[slot] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return buf if buf.shape[0] == rows else buf[:rows]
+
+    def repeat(self, slot: Any, t: Tensor, k: int) -> Tensor:
+        """``t.repeat(k, 1, ...)`` (site-major copies along the batch axis), written into slot's storage."""
+        out = self._rows(slot, t, k * t.shape[0])
+        out.view(k, *t.shape).copy_(t)
+        return out
+
+    def copy(self, slot: Any, t: Tensor) -> Tensor:
+        """``t.clone()`` written into slot's storage (a tensor that is not contiguous is cloned: its layout kept)."""
+        if t.dim() == 0 or not t.is_contiguous():
+            return t.clone()
+        return self._rows(slot, t, t.shape[0]).copy_(t)
+
+
+def expand_inputs(inputs: Any, repeats: int, buffers: ChunkBuffers | None = None, slot: Any = ("input",)) -> Any:
+    """Every batch tensor of `inputs` repeated `repeats` times along the batch axis (site-major: [x, x, x, ...]);
+    with `buffers`, written into storage reused chunk after chunk."""
     if isinstance(inputs, Tensor):
-        return inputs.repeat(repeats, *([1] * (inputs.dim() - 1))) if inputs.dim() else inputs
+        if not inputs.dim():
+            return inputs
+        if buffers is not None:
+            return buffers.repeat(slot, inputs, repeats)
+        return inputs.repeat(repeats, *([1] * (inputs.dim() - 1)))
     if isinstance(inputs, tuple):
-        return tuple(expand_inputs(v, repeats) for v in inputs)
+        return tuple(expand_inputs(v, repeats, buffers, (slot, i)) for i, v in enumerate(inputs))
     if isinstance(inputs, dict):
-        return {k: expand_inputs(v, repeats) for k, v in inputs.items()}
+        return {k: expand_inputs(v, repeats, buffers, (slot, k)) for k, v in inputs.items()}
     return inputs
 
 

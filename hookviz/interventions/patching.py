@@ -24,7 +24,16 @@ import torch
 from torch import Tensor, nn
 
 from ..record import ActivationRecorder
-from ._common import batch_size_of, call_model, describe_shapes, expand_inputs, parse_key, prepared, same_shapes
+from ._common import (
+    ChunkBuffers,
+    batch_size_of,
+    call_model,
+    describe_shapes,
+    expand_inputs,
+    parse_key,
+    prepared,
+    same_shapes,
+)
 from .intervene import intervene
 from .layout import check_layout, edit_axes
 from .prefix import (
@@ -242,10 +251,13 @@ def patching(
             n_sites = max(1, int(torch.tensor(grid).prod().item()) if grid else 1)
             plan = _shared_plan(model, target_in, key, n_sites) if share_prefix and n_sites >= SHARE_MIN_SITES else None
             sites_per_forward = per_forward if plan is None else _shared_sites_per_forward(per_forward, source, n)
-            chunks = []
+            # each element's site, in one sample's activation; the chunks' tensors of k x N rows in storage reused
+            # from chunk to chunk (a fresh process otherwise maps and faults in megabytes per chunk)
+            site_of = index.expand(1, *source.shape[1:]).reshape(-1)
+            buffers, chunks = ChunkBuffers(), []
             for start in range(0, n_sites, sites_per_forward):
-                ids = torch.arange(start, min(n_sites, start + sites_per_forward), device=source.device)
-                chunks.append(_patched_chunk(model, target_in, source, index, ids, key, metric, n, plan))
+                ids = range(start, min(n_sites, start + sites_per_forward))
+                chunks.append(_patched_chunk(model, target_in, source, site_of, ids, key, metric, n, plan, buffers))
             values[key] = torch.cat(chunks, 0).reshape(*grid, n).movedim(-1, 0) if grid else chunks[0][0]
     return PatchingResult(values, m_clean, m_corrupt, kinds, direction, "exact")
 
@@ -280,28 +292,31 @@ def _shared_plan(model: nn.Module, target_in: Any, key: str, n_sites: int) -> Pr
 
 
 def _patched_chunk(
-    model: nn.Module, target_in: Any, source: Tensor, index: Tensor, ids: Tensor, key: str, metric: Metric, n: int,
-    plan: PrefixPlan | None = None,
+    model: nn.Module, target_in: Any, source: Tensor, site_of: Tensor, ids: range, key: str, metric: Metric, n: int,
+    plan: PrefixPlan | None = None, buffers: ChunkBuffers | None = None,
 ) -> Tensor:  # fmt: skip
-    """The metric (k, N) of k copies of the target run, copy j with the elements of site ``ids[j]`` patched; with a
-    `plan`, the calls before the site are not run but taken from the unpatched run."""
-    k = ids.numel()
+    """The metric (k, N) of k copies of the target run, copy j with the elements of site ``ids[j]`` patched (`site_of`:
+    the site of each element of one sample); with a `plan`, the calls before the site are not run but taken from the
+    unpatched run; with `buffers`, the chunk's inputs and copies are written into storage kept for the next chunk."""
+    k = len(ids)
     # the elements each copy takes from the source: (copy j, element e of one sample), found once per chunk; writing
     # only them into a copy of the target activation reads and writes far less than a where() over every element
-    site_of = index.expand(1, *source.shape[1:]).reshape(-1)
     element = torch.nonzero((site_of >= ids[0]) & (site_of <= ids[-1]))[:, 0]
     copy = site_of[element] - ids[0]
     values = source.reshape(n, -1)[:, element].T  # (elements, N)
     fresh = plan is not None and plan.site_cached  # the site's output is then a copy made for this run alone
 
     def patch(a: Tensor) -> Tensor:
-        out = a if fresh else a.clone()
+        out = a if fresh else a.clone() if buffers is None else buffers.copy(("site",), a)
         out.view(k, n, -1)[copy, :, element] = values.to(a.dtype)
         return out
 
-    edits = short_circuited(model, plan, k, patch) if plan is not None else intervene(model, {one_call(key): patch})
+    if plan is not None:
+        edits = short_circuited(model, plan, k, patch, buffers=buffers)
+    else:
+        edits = intervene(model, {one_call(key): patch})
     with torch.no_grad(), edits as fired:
-        out = call_model(model, expand_inputs(target_in, k))
+        out = call_model(model, expand_inputs(target_in, k, buffers))
     if plan is not None and not fired:
         raise RuntimeError(
             f"patching with a shared prefix: the site {key!r} did not run in a patched forward (its control flow "

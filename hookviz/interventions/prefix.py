@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .._calls import CallCounter
 from ..hooks import HookManager
-from ._common import call_model, expand_inputs
+from ._common import ChunkBuffers, call_model, expand_inputs
 from .intervene import _first, _rebuild
 
 __all__ = [
@@ -303,17 +303,22 @@ class PrefixPlan:
     def wrapped(self) -> set[str]:
         return {self.calls[k].name for k in self.skip} | {self.site_name}
 
-    def output(self, key: str, k: int, watch: set[str] | None = None) -> Any:
+    def output(self, key: str, k: int, watch: set[str] | None = None, buffers: ChunkBuffers | None = None) -> Any:
         """The output of skipped call `key` in a forward of k copies: cached tensors repeated k times along the batch
-        axis (copies: the model may edit them in place), a zero-copy `_Unread` view where nothing reads it, or, in the
-        check run (`watch`), `_Watched` tensors that add `key` to `watch` when read."""
+        axis (copies: the model may edit them in place; with `buffers`, written into storage reused chunk after
+        chunk), a zero-copy `_Unread` view where nothing reads it, or, in the check run (`watch`), `_Watched` tensors
+        that add `key` to `watch` when read."""
         flags = iter(self.batch[key])
+        leaf = itertools.count()
 
         def one(t: Tensor) -> Tensor:
-            batch = next(flags)
+            batch, slot = next(flags), ("output", key, next(leaf))
             if key in self.unread and watch is None:
                 return _unread(t, k, batch)
-            out = _repeat(t, k) if batch else t.clone()
+            if not batch:
+                out = t.clone()
+            else:
+                out = _repeat(t, k) if buffers is None else buffers.repeat(slot, t, k)
             if watch is not None:
                 out = out.as_subclass(_Watched)
                 out._hv_mark = (watch, key)
@@ -350,12 +355,17 @@ def plan_prefix(calls: Mapping[str, Call], probe: Mapping[str, Call], site: str)
 
 @contextmanager
 def short_circuited(
-    model: nn.Module, plan: PrefixPlan, k: int, edit: Callable[[Tensor], Tensor], watch: set[str] | None = None
+    model: nn.Module,
+    plan: PrefixPlan,
+    k: int,
+    edit: Callable[[Tensor], Tensor],
+    watch: set[str] | None = None,
+    buffers: ChunkBuffers | None = None,
 ) -> Iterator[list[str]]:
     """For one forward of `model` on its inputs repeated `k` times: the skipped calls of `plan` return their cached
-    outputs, the site returns ``edit(its output)`` (for a tuple output, its first tensor edited). Yields the list of
-    the site calls that ran (empty: the site never ran, nothing was patched). Every module's ``forward`` is restored
-    when the block ends, also when it raises or is interrupted."""
+    outputs (repeated into `buffers` where given), the site returns ``edit(its output)`` (for a tuple output, its
+    first tensor edited). Yields the list of the site calls that ran (empty: the site never ran, nothing was
+    patched). Every module's ``forward`` is restored when the block ends, also when it raises or is interrupted."""
     counts = dict.fromkeys(plan.wrapped, 0)
     skip = set(plan.skip)
     fired: list[str] = []
@@ -373,7 +383,7 @@ def short_circuited(
                 fired.append(key)
                 if plan.site_cached:
                     bump(key)
-                    out = plan.output(key, k, watch)
+                    out = plan.output(key, k, watch, buffers)
                 else:
                     out = original(*args, **kwargs)
                 tensor = _first(out)
@@ -385,7 +395,7 @@ def short_circuited(
                 return _rebuild(out, edit(tensor))
             if key in skip:
                 bump(key)
-                return plan.output(key, k, watch)
+                return plan.output(key, k, watch, buffers)
             return original(*args, **kwargs)
 
         return forward
