@@ -167,8 +167,14 @@ SHARE_MIN_SAVING = 4.0
 # on the CPU, a chunk with the prefix shared is mostly memory traffic (cached outputs repeated, element-wise ops of
 # the forward): past the caches' size more rows gain nothing and cost bandwidth, so a chunk holds at most this many
 # bytes of the site's activation (benchmarks/bench_patching.py: on the shapes CNN at features.4, 64 rows per forward
-# ran 2.7x faster than 384)
-SHARED_CPU_CHUNK_BYTES = 8 * 2**20
+# ran 2.7x faster than 384). 4 MiB rather than 8: in a process where no larger block has raised glibc's mmap and
+# trim thresholds, the first chunk of every call at 8 MiB faulted its pages in again (8,369 minor faults, 33 MiB:
+# the chunk's storage and the model's temporaries, returned to the system when the call ended); at 4 MiB only the
+# first call's first chunk does. Shapes CNN, 1 thread, CPU ms per call in a fresh process (first call / later calls /
+# after a larger variant, median of 5 processes x 6 calls; 3 at the other layers):
+# features.4 106 / 97 / 99 at 4 MiB against 130 / 118 / 98 at 8 MiB; features.0 280 / 225 / 218 against
+# 356 / 263 / 229; conv3 227 / 196 / 191 against 268 / 276 / 217
+SHARED_CPU_CHUNK_BYTES = 4 * 2**20
 
 
 def _shared_sites_per_forward(per_forward: int, source: Tensor, n: int) -> int:
