@@ -7,6 +7,7 @@ Image decoding and presets are in `hookviz.images` (one layer up: it uses the ch
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import torch
@@ -98,12 +99,31 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
     return None
 
 
+# dtype -> the dtype its finiteness sum accumulates in
+_SUMMED = {
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+}
+
+
 def check_finite(t: Tensor, name: str) -> None:
     """Raise ValueError if `t` holds NaN or +-Inf, naming `name` and how many: they give meaningless maps silently.
 
-    Costs one reduction and one device sync per call (not per sample).
+    Costs one reduction and one device sync per call (not per sample): the sum, which is finite only if every value
+    is (NaN and Inf propagate through it); the exact count only where it is not (a bad value, or a sum that
+    overflowed).
     """
-    bad = int((~torch.isfinite(t)).sum()) if t.is_floating_point() or t.is_complex() else 0
+    if not (t.is_floating_point() or t.is_complex()):
+        return
+    if t.dtype in _SUMMED:
+        # one pass, accumulated in float32 at least (a float16 batch's sum would overflow at 65504), instead of the
+        # six elementwise operations of isfinite and the count
+        total = t.detach().sum(dtype=_SUMMED[t.dtype])
+        if math.isfinite(float(total)):
+            return
+    bad = int((~torch.isfinite(t)).sum())
     if bad:
         raise ValueError(
             f"{name}: found {bad} non-finite value(s) (NaN or Inf) among {t.numel()}; expected finite values (maps "
