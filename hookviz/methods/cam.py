@@ -184,11 +184,17 @@ class CAMAttribution(Attribution):
         n, k = grads.shape[:2]
         # CAM arithmetic in float32 at least whatever the autocast dtype of the forward pass (float64 stays float64)
         acc = acc_dtype(act.dtype)
-        a = fold(act.detach()).to(acc).unsqueeze(1)
-        g = fold(grads.flatten(0, 1)).to(acc).unflatten(0, (n, k))
-        cam = _weighted_sum(self._weights(a, g), a)
+        a = fold(act.detach()).unsqueeze(1)
+        g = fold(grads.flatten(0, 1)).unflatten(0, (n, k))
+        cam = self._cam(a, g, acc)
         self._warn_if_empty(cam, g)
         return cam, targets
+
+    def _cam(self, acts: Tensor, grads: Tensor, acc: torch.dtype) -> Tensor:
+        """The maps (N, K, 1, h, w) in `acc` from activations (N, 1, C, h, w) and gradients (N, K, C, h, w) in the
+        forward pass's dtype: both cast to `acc`, then `_weights` and the weighted sum."""
+        a, g = acts.to(acc), grads.to(acc)
+        return _weighted_sum(self._weights(a, g), a)
 
     def _warn_if_empty(self, cam: Tensor, grads: Tensor | None) -> None:
         """Warn when every map is exactly zero: a blank figure must not come without a reason."""
@@ -297,6 +303,15 @@ class GradCAM(CAMAttribution):
 
     def _weights(self, acts: Tensor, grads: Tensor) -> Tensor:
         return grads.mean(dim=(-2, -1), keepdim=True)
+
+    def _cam(self, acts: Tensor, grads: Tensor, acc: torch.dtype) -> Tensor:
+        # Under autocast (bfloat16 / float16 activations) no float32 copy of either tensor: the mean accumulates in
+        # `acc` and the product promotes to it elementwise, the same values as casting first (the cast is exact);
+        # a subclass with weights of its own gets them from the cast tensors
+        if type(self)._weights is not GradCAM._weights:
+            return super()._cam(acts, grads, acc)
+        weights = grads.mean(dim=(-2, -1), keepdim=True, dtype=acc)
+        return _weighted_sum(weights, acts)
 
 
 @register("gradcam++")
