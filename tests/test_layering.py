@@ -105,6 +105,7 @@ LAYERS: list[str] = [
     "hookviz.dataset.source",
     "hookviz.dataset.run",
     "hookviz.dataset",
+    "hookviz.concepts.*",
     "hookviz.report.*",
     # adapters to training frameworks
     "hookviz.integrations.*",

@@ -1,0 +1,11 @@
+"""Concepts: which human concepts a model uses, and where.
+
+`TCAV` (Kim et al., ICML 2018): concept activation vectors trained in torch (`cav`), TCAV scores with a
+significance test against random concepts (`stats`), results as a table, a dict and a figure (`result`); examples
+in every form the library takes (`examples`).
+"""
+
+from .result import ScoreStats, TCAVResult, TCAVRow
+from .tcav import TCAV
+
+__all__ = ["TCAV", "ScoreStats", "TCAVResult", "TCAVRow"]
