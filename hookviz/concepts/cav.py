@@ -8,10 +8,12 @@ concept's activations from those of a random set, pointing towards the concept. 
   ``mean_i log(1 + exp(-y_i (w . x_i + b))) + l2 / 2 |w|^2`` (labels +-1) on activations centred on the layer's
   mean activation and divided by the root-mean-square norm of the centred activations (one scalar per layer: the
   direction of w does not depend on the shift, which the intercept absorbs; the scale only makes `l2` mean the
-  same at every layer). It is solved exactly (to float64 rounding) by Newton's method in the span of the training
-  activations (w = sum_i alpha_i x_i, the representer theorem: the minimiser of an L2-regularised linear loss lies
-  there), a fixed number of full-batch steps: (n + 1) unknowns per CAV for n examples, whatever the layer's width,
-  all CAVs of one size solved as one batch. Deterministic: no sampling, no train/test split.
+  same at every layer). It is solved by Newton's method in the span of the training activations (w = sum_i alpha_i
+  x_i, the representer theorem: the minimiser of an L2-regularised linear loss lies there), full-batch steps until
+  no coefficient moves (at most `steps`): (n + 1) unknowns per CAV for n examples, whatever the layer's width, all
+  CAVs of one size solved as one batch. The Gram matrix comes from float32 products, the Newton systems are solved
+  in float64. Deterministic: no sampling, no train/test split (captum's default holds a third of the examples out
+  to report an accuracy; here every example trains the CAV).
 - ``"mean"``: the difference of the concept's and the random set's mean activations (the "fast CAV" of captum
   issue #1619; the direction of a nearest-centroid classifier).
 
@@ -21,6 +23,7 @@ magnitude score neither, being a ratio).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, TypeAlias
 
 import torch
@@ -40,8 +43,8 @@ def _work_dtype(device: torch.device) -> torch.dtype:
 
 def train_cavs(
     acts: Tensor,
-    positives: Tensor,
-    negatives: Tensor,
+    positives: Tensor | Sequence[Tensor],
+    negatives: Tensor | Sequence[Tensor],
     *,
     kind: CAVKind = "logistic",
     l2: float = 0.01,
@@ -50,33 +53,42 @@ def train_cavs(
     """P CAVs at one layer, as a (P, D) float32 tensor of unit rows on `acts`' device.
 
     acts: (M, D) the layer's activations of every example of every set (concepts and random sets), one row each.
-    positives: (P, n_pos) int64 rows of `acts` of each CAV's concept examples; negatives: (P, n_neg) those of its
-    counter-examples (a row may appear in both: random sets drawn from one pool can overlap). CAV p points from
-    the negatives towards the positives. For ``"logistic"``, `steps` Newton steps are taken (or fewer, when every
-    problem has converged: the step changes no coefficient by more than 1e-10 relative).
+    positives: each CAV's concept examples as int64 rows of `acts`, a (P, n_pos) tensor or P 1-D tensors (sizes may
+    differ); negatives: those of its counter-examples (a row may appear in both: random sets drawn from one pool can
+    overlap). CAV p points from the negatives towards the positives. For ``"logistic"``, `steps` Newton steps are
+    taken (or fewer, once no coefficient of any problem moves by more than 1e-10 relative). The activations are
+    centred and scaled once, the Gram matrix of all M rows computed once (float32 products, float64 solves), and
+    problems of one size solved as one batch.
     """
     if kind not in CAV_KINDS:
         raise ValueError(f"cav must be one of {', '.join(repr(k) for k in CAV_KINDS)}, got {kind!r}")
-    dtype = _work_dtype(acts.device)
-    x = acts.to(dtype)
+    pos, neg = list(positives), list(negatives)
+    if len(pos) != len(neg):
+        raise ValueError(f"positives and negatives must describe as many CAVs, got {len(pos)} and {len(neg)}")
+    work = _work_dtype(acts.device)
+    x = acts if acts.dtype == torch.float64 else acts.float()
     x = x - x.mean(0)
-    scale = x.square().sum(1).mean().sqrt().clamp_min(_EPS)
-    x = x / scale
-    n_pos, n_neg = positives.shape[1], negatives.shape[1]
-    if kind == "mean":
-        ones = torch.ones(positives.shape[0], n_pos + n_neg, dtype=dtype, device=x.device)
-        coef = torch.cat([ones[:, :n_pos] / n_pos, -ones[:, n_pos:] / n_neg], dim=1)
-    else:
-        coef = _logistic_coefficients(x, torch.cat([positives, negatives], 1), n_pos, l2, steps)
+    x = x / x.square().sum(1).mean().sqrt().clamp_min(_EPS)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, q) in enumerate(zip(pos, neg, strict=True)):
+        groups.setdefault((p.shape[0], q.shape[0]), []).append(i)
+    gram = (x @ x.T).to(work) if kind == "logistic" else None  # every problem's Gram matrix is a block of it
     # w = sum_i coef_i x_i for each problem: the coefficients scattered into (P, M) rows, then one matmul
-    rows = torch.cat([positives, negatives], 1)
-    weights = torch.zeros(rows.shape[0], x.shape[0], dtype=dtype, device=x.device)
-    weights.scatter_add_(1, rows, coef)
-    cavs = weights @ x
+    weights = torch.zeros(len(pos), x.shape[0], dtype=work, device=x.device)
+    for (n_pos, n_neg), members in groups.items():
+        rows = torch.stack([torch.cat([pos[i], neg[i]]) for i in members]).to(x.device)
+        if gram is None:
+            coef = torch.cat([torch.full((n_pos,), 1.0 / n_pos), torch.full((n_neg,), -1.0 / n_neg)])
+            coef = coef.to(device=x.device, dtype=work).expand(len(members), -1).contiguous()
+        else:
+            coef = _logistic_coefficients(gram, rows, n_pos, l2, steps)
+        index = torch.tensor(members, device=x.device)
+        weights[index] = weights[index].scatter_add(1, rows, coef)
+    cavs = weights.to(x.dtype) @ x
     return (cavs / cavs.norm(dim=1, keepdim=True).clamp_min(_EPS)).to(torch.float32)
 
 
-def _logistic_coefficients(x: Tensor, rows: Tensor, n_pos: int, l2: float, steps: int) -> Tensor:
+def _logistic_coefficients(gram: Tensor, rows: Tensor, n_pos: int, l2: float, steps: int) -> Tensor:
     """Per problem, alpha (P, n) with w = sum_i alpha_i x_rows[i], minimising the regularised logistic loss.
 
     With K the problem's Gram matrix, z = K alpha + b, r = sigmoid(z) - y (labels 1 / 0), s = sigmoid'(z), the
@@ -84,14 +96,13 @@ def _logistic_coefficients(x: Tensor, rows: Tensor, n_pos: int, l2: float, steps
     without the common factor K (which may be singular: n examples in fewer dimensions), a valid Newton step for w.
     """
     p, n = rows.shape
-    gram = x @ x.T  # (M, M): every problem's Gram matrix is a block of it
     k = gram[rows[:, :, None], rows[:, None, :]]  # (P, n, n)
-    y = torch.zeros(p, n, dtype=x.dtype, device=x.device)
+    y = torch.zeros(p, n, dtype=gram.dtype, device=gram.device)
     y[:, :n_pos] = 1.0
-    alpha = torch.zeros(p, n, dtype=x.dtype, device=x.device)
-    bias = torch.zeros(p, dtype=x.dtype, device=x.device)
-    eye = torch.eye(n, dtype=x.dtype, device=x.device)
-    system = torch.empty(p, n + 1, n + 1, dtype=x.dtype, device=x.device)
+    alpha = torch.zeros(p, n, dtype=gram.dtype, device=gram.device)
+    bias = torch.zeros(p, dtype=gram.dtype, device=gram.device)
+    eye = torch.eye(n, dtype=gram.dtype, device=gram.device)
+    system = torch.empty(p, n + 1, n + 1, dtype=gram.dtype, device=gram.device)
     for _ in range(steps):
         z = (k @ alpha[:, :, None]).squeeze(2) + bias[:, None]
         prob = torch.sigmoid(z)

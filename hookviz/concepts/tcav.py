@@ -338,19 +338,16 @@ class TCAV:
                     key = (layer, self.cav, self.l2, self.steps, token, (pool.token, draw_key, j))
                     problems.append((key, pos, rows[j]))
             todo = [p for p in problems if p[0] not in self._cavs]
-            by_size: dict[tuple[int, int], list[tuple[tuple[Any, ...], Tensor, Tensor]]] = {}
-            for p in todo:
-                by_size.setdefault((p[1].shape[0], p[2].shape[0]), []).append(p)
-            for group in by_size.values():
+            if todo:
                 cavs = train_cavs(
                     acts,
-                    torch.stack([p[1] for p in group]),
-                    torch.stack([p[2] for p in group]),
+                    [p[1] for p in todo],
+                    [p[2] for p in todo],
                     kind=self.cav,
                     l2=self.l2,
                     steps=self.steps,
                 )
-                for p, v in zip(group, cavs, strict=True):
+                for p, v in zip(todo, cavs, strict=True):
                     self._cavs[p[0]] = v
             vs = [self._cavs[p[0]] for p in problems]
             keys = [*concepts, _RANDOM]

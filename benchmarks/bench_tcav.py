@@ -1,0 +1,90 @@
+"""TCAV's cost on the shapes data: CAVs for 10 concepts x 3 layers x 20 random sets (issue 36's speed target).
+
+Usage::
+
+    python benchmarks/bench_tcav.py [--device cpu|cuda] [--threads 1] [--repeats 3] [--per-set 50]
+        [--layers conv3 features.1 features.4] [--pool flatten] [--out PATH.md]
+
+The zoo's shapes CNN (shipped weights), eval mode. Concepts: 10 sets of ``--per-set`` shapes images (one class each,
+the 8 classes then the first two again from another seed); random: a pool of 21 x ``--per-set`` shapes images
+(21 disjoint random sets: set 0 for the null, sets 1..20 as counter-examples). Per CAV kind (logistic, mean), each
+repeat on a fresh `hv.TCAV`:
+
+- ``activations + CAVs``: `TCAV.compute_cavs` from nothing: the forward passes over every example, then the
+  10 x 20 concept CAVs and the 20 null CAVs at each of the 3 layers (660 CAVs);
+- ``CAVs only``: `compute_cavs` again with the activations cached and the CAV cache cleared (the training alone);
+- ``interpret, cached``: `TCAV.interpret` of 100 images with everything cached (gradients, scores and t-tests).
+
+The median of the repeats in seconds is printed as a Markdown table (and written to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import hookviz as hv
+from hookviz.zoo import shapes, shapes_model
+
+
+def _timed(fn) -> float:  # noqa: ANN001
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-set", type=int, default=50)
+    parser.add_argument("--n-random", type=int, default=20)
+    parser.add_argument("--layers", nargs="+", default=["conv3", "features.1", "features.4"])
+    parser.add_argument("--pool", default="flatten")
+    parser.add_argument("--out", default=None, help="also write the table to this Markdown file")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    model = shapes_model().to(device).eval()
+    k = args.per_set
+    data = shapes(40 * k, seed=11)
+    more = shapes(40 * k, seed=12)
+    concepts = {}
+    for i in range(10):
+        source = data if i < 8 else more
+        concepts[f"{hv.zoo.CLASSES[i % 8]}{'' if i < 8 else '-2'}"] = source.images[source.labels == i % 8][:k]
+    pool = shapes((args.n_random + 1) * k, seed=13).images
+    inputs = shapes(100, seed=14).images
+    header = (
+        f"TCAV on the shapes CNN, {args.device}, {torch.get_num_threads()} thread(s): 10 concepts x "
+        f"{len(args.layers)} layers ({', '.join(args.layers)}, pool={args.pool!r}) x {args.n_random} random sets, "
+        f"{k} examples per set; median of {args.repeats} repeats, seconds"
+    )
+    lines = [header, "", "| CAV | activations + CAVs | CAVs only | interpret 100 inputs, cached |", "|---|---|---|---|"]
+    for cav in ("logistic", "mean"):
+        cold, warm, interp = [], [], []
+        for _ in range(args.repeats):
+            tcav = hv.TCAV(model, list(args.layers), cav=cav, pool=args.pool)
+            cold.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random)))
+            tcav._cavs.clear()
+            warm.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random)))
+            interp.append(_timed(lambda t=tcav: t.interpret(inputs, concepts, pool, target=5, n_random=args.n_random)))
+            del tcav
+        row = [statistics.median(v) for v in (cold, warm, interp)]
+        lines.append(f"| {cav} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
