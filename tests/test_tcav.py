@@ -237,6 +237,26 @@ def test_mean_cav_is_normalised_mean_difference_and_batches_agree() -> None:
         torch.testing.assert_close(both[1], alone[0], rtol=0, atol=1e-6)
 
 
+def test_null_cavs_fixed_and_independent() -> None:
+    from hookviz.concepts.tcav import TCAV
+
+    model = Linear2()
+    concept = torch.randn(6, 4, generator=_gen(4)) + 1
+    pool = torch.randn(40, 4, generator=_gen(5))
+    for null, n_sets in (("fixed", 4), ("independent", 6)):
+        cavs = hv.TCAV(model, "body", cav="mean").compute_cavs(
+            {"c": concept}, pool, n_random=3, random_size=5, null=null, seed=7
+        )["body"]
+        draw = TCAV._random_sets(40, n_sets, 5, 7)  # disjoint: 6 x 5 <= 40
+        assert len(set(draw.flatten().tolist())) == n_sets * 5
+        for j in range(3):
+            q = draw[3] if null == "fixed" else draw[3 + j]
+            d = pool[q].double().mean(0) - pool[draw[j]].double().mean(0)
+            torch.testing.assert_close(cavs["random"][j].double(), d / d.norm(), rtol=0, atol=1e-6)
+            d = concept.double().mean(0) - pool[draw[j]].double().mean(0)
+            torch.testing.assert_close(cavs["c"][j].double(), d / d.norm(), rtol=0, atol=1e-6)
+
+
 # --------------------------------------------------------------------------------------------------- statistics
 
 

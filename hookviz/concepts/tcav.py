@@ -45,6 +45,8 @@ __all__ = ["POOLS", "TCAV", "Pool", "tcav_scores"]
 
 Pool: TypeAlias = Literal["flatten", "mean", "cls"]
 POOLS: tuple[str, ...] = ("flatten", "mean", "cls")
+Null: TypeAlias = Literal["independent", "fixed"]
+NULLS: tuple[str, ...] = ("independent", "fixed")
 _RANDOM = "\0random"  # the random pool's key in the activation cache: no concept can be named so
 _TINY = 1e-30
 
@@ -302,39 +304,39 @@ class TCAV:
             self._acts[key] = _Cached(examples, self._activations(hooks, batch, where))
 
     # -- CAVs -----------------------------------------------------------------------------------------------------
-    def _random_sets(self, pool_size: int, n_random: int, size: int, seed: int) -> Tensor:
-        """(n_random + 1, size) rows of the random pool: disjoint sets where the pool is large enough (as the
-        paper's distinct random image sets), else each drawn on its own (sets may overlap, never within a set)."""
+    @staticmethod
+    def _random_sets(pool_size: int, n_sets: int, size: int, seed: int) -> Tensor:
+        """(n_sets, size) rows of the random pool: disjoint sets where the pool is large enough (as the paper's
+        distinct random image sets), else each drawn on its own (sets may overlap, never within a set)."""
         g = torch.Generator().manual_seed(seed)
-        if (n_random + 1) * size <= pool_size:
-            return torch.randperm(pool_size, generator=g)[: (n_random + 1) * size].view(n_random + 1, size)
-        return torch.stack([torch.randperm(pool_size, generator=g)[:size] for _ in range(n_random + 1)])
+        if n_sets * size <= pool_size:
+            return torch.randperm(pool_size, generator=g)[: n_sets * size].view(n_sets, size)
+        return torch.stack([torch.randperm(pool_size, generator=g)[:size] for _ in range(n_sets)])
 
     def _train(self, concepts: Sequence[str], draw: Tensor, draw_key: tuple[Any, ...]) -> dict[str, dict[str, Tensor]]:
-        """{layer: {concept or _RANDOM: (n_random, D) CAVs}}: concept c vs random set j and random set 0 vs random
-        set j, j = 1..n_random; cached ones reused, the others trained per layer in one batch per set size."""
+        """{layer: {concept or _RANDOM: (n_random, D) CAVs}}: concept c vs random set j, and null set j vs random
+        set j (`_draw`); cached ones reused, the others trained per layer in one call."""
         pool = self._acts[_RANDOM]
-        n_random = draw.shape[0] - 1
+        n_random = draw_key[0]
+        fixed = draw_key[3] == "fixed"
         out: dict[str, dict[str, Tensor]] = {}
         for layer in self.layers:
-            device = pool.acts[layer].device
             parts = [self._acts[c].acts[layer] for c in concepts] + [pool.acts[layer]]
             acts = torch.cat(parts)
             offsets, start = {}, 0
             for c, part in zip([*concepts, _RANDOM], parts, strict=True):
                 offsets[c] = start
                 start += part.shape[0]
-            rows = draw.to(device) + offsets[_RANDOM]
+            rows = draw + offsets[_RANDOM]  # on the host, like the draw: the indices go to the device in train_cavs
             problems: list[tuple[tuple[Any, ...], Tensor, Tensor]] = []
             for c in [*concepts, _RANDOM]:
-                if c == _RANDOM:
-                    pos = rows[0]
-                    token: Any = (pool.token, draw_key, 0)
-                else:
-                    n = self._acts[c].acts[layer].shape[0]
-                    pos = torch.arange(offsets[c], offsets[c] + n, device=device)
-                    token = self._acts[c].token
-                for j in range(1, n_random + 1):
+                for j in range(n_random):
+                    if c == _RANDOM:
+                        null = n_random if fixed else n_random + j
+                        pos, token = rows[null], (pool.token, draw_key, null)
+                    else:
+                        n = self._acts[c].acts[layer].shape[0]
+                        pos, token = torch.arange(offsets[c], offsets[c] + n), self._acts[c].token
                     key = (layer, self.cav, self.l2, self.steps, token, (pool.token, draw_key, j))
                     problems.append((key, pos, rows[j]))
             todo = [p for p in problems if p[0] not in self._cavs]
@@ -361,24 +363,28 @@ class TCAV:
         *,
         n_random: int = 10,
         random_size: int | None = None,
+        null: Null = "independent",
         seed: int = 0,
     ) -> dict[str, dict[str, Tensor]]:
         """The CAVs alone: ``{layer: {concept: (n_random, D) unit CAVs, "random": (n_random, D) null CAVs}}``.
 
-        Row j of a concept's CAVs separates it from random set j + 1; row j of ``"random"`` separates random set 0
-        from random set j + 1 (the null of the significance test). See `interpret` for the arguments.
+        Row j of a concept's CAVs separates it from random set j; row j of ``"random"`` separates null set j from
+        random set j (the null of the significance test, see `interpret`), each pointing away from random set j.
+        See `interpret` for the arguments.
         """
-        names, sets = self._check_sets(concepts, random, n_random, random_size, seed)
+        names, sets = self._check_sets(concepts, random, n_random, random_size, seed, null)
         batches = self._load(sets)
         with self._prepared() as hooks:
             self._fill(hooks, sets, batches)
-        draw, draw_key = self._draw(names, n_random, random_size, seed)
+        draw, draw_key = self._draw(names, n_random, random_size, seed, null)
         cavs = self._train(names, draw, draw_key)
         return {layer: {("random" if c == _RANDOM else c): v for c, v in d.items()} for layer, d in cavs.items()}
 
     def _check_sets(
-        self, concepts: Any, random: Any, n_random: Any, random_size: Any, seed: Any
+        self, concepts: Any, random: Any, n_random: Any, random_size: Any, seed: Any, null: Any
     ) -> tuple[list[str], dict[str, tuple[Any, str]]]:
+        if null not in NULLS:
+            raise ValueError(f"null must be one of {', '.join(repr(n) for n in NULLS)}, got {null!r}")
         if not isinstance(concepts, Mapping) or not concepts:
             raise TypeError(
                 "concepts must be a non-empty dict {name: examples} (examples: a tensor (N, ...), an image folder, a "
@@ -401,8 +407,10 @@ class TCAV:
         return list(concepts), sets
 
     def _draw(
-        self, names: Sequence[str], n_random: int, random_size: int | None, seed: int
+        self, names: Sequence[str], n_random: int, random_size: int | None, seed: int, null: str
     ) -> tuple[Tensor, tuple[Any, ...]]:
+        """The random sets, (n_sets, size) rows of the pool: sets 0..n_random-1 are the counter-examples; the null's
+        "random concepts" follow: one more set (null="fixed") or n_random more (null="independent")."""
         pool_size = next(iter(self._acts[_RANDOM].acts.values())).shape[0]
         if random_size is None:
             largest = max(next(iter(self._acts[c].acts.values())).shape[0] for c in names)
@@ -414,7 +422,8 @@ class TCAV:
             )
         else:
             size = random_size
-        return self._random_sets(pool_size, n_random, size, seed), (n_random, size, seed)
+        n_sets = n_random + (1 if null == "fixed" else n_random)
+        return self._random_sets(pool_size, n_sets, size, seed), (n_random, size, seed, null)
 
     # -- gradients ------------------------------------------------------------------------------------------------
     def _gradients(self, hooks: HookManager, x: Tensor, target: Any) -> tuple[dict[str, Tensor], Tensor]:
@@ -465,6 +474,7 @@ class TCAV:
         target: Any = None,
         n_random: int = 10,
         random_size: int | None = None,
+        null: Null = "independent",
         test: TestKind = "student",
         correction: Correction = "bonferroni",
         alpha: float = 0.05,
@@ -476,12 +486,19 @@ class TCAV:
             inputs: the inputs whose class sensitivity is measured, in any form concepts take.
             concepts: ``{name: examples}``; examples: a tensor (N, ...), an image folder, a list of image files, a
                 Dataset, an iterable of batches (`hookviz.concepts.examples`); at least two each.
-            random: examples of no particular concept; ``n_random + 1`` random sets of `random_size` examples
-                (default: the largest concept's size, at most all of them) are drawn from them with `seed`.
+            random: examples of no particular concept, from which the random sets of `random_size` examples
+                (default: the largest concept's size, at most all of them) are drawn with `seed`: disjoint where
+                the pool is large enough (2 n_random sets, or n_random + 1 with null="fixed"), else each on its own.
             target: None (each input's top class), an int (every input), or one int per input (a sequence or 1-D
                 tensor): inputs are grouped by their target class.
-            n_random: the CAVs per concept (one per random counter-example set) and null CAVs (random set 0 vs each
-                other random set); >= 2.
+            n_random: the CAVs per concept, one per random counter-example set, and as many null CAVs; >= 2.
+            null: the random-vs-random CAVs the scores are compared with. ``"independent"`` (default): null CAV j
+                separates a random set of its own ("a random concept") from random set j, so the null's spread
+                includes the variation of the random concept, which the paper's test is about (section 3.3: "TCAV
+                scores of random CAVs"). ``"fixed"``: one random set against each random set j, as the paper's code
+                (tensorflow/tcav's ``random_counterpart``) and captum's tutorial do; with one draw of the random
+                concept, its own idiosyncrasy sets the null, and unrelated concepts come out significant more often
+                than alpha says (measured on the shapes models: docs/concepts.md).
             test: ``"student"`` (pooled variance, the paper's code) or ``"welch"``.
             correction: ``"bonferroni"``, ``"holm"``, ``"bh"`` (Benjamini-Hochberg) or ``"none"``, over all
                 (class, concept, layer) tests of the call, per score kind.
@@ -495,13 +512,13 @@ class TCAV:
         if correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {', '.join(repr(c) for c in CORRECTIONS)}, got {correction!r}")
         number_option("alpha", alpha, "a number in (0, 1)", lambda v: 0 < v < 1)
-        names, sets = self._check_sets(concepts, random, n_random, random_size, seed)
+        names, sets = self._check_sets(concepts, random, n_random, random_size, seed, null)
         batches = self._load(sets)
         x = load_examples(self.model, inputs, "inputs", preprocess=self.preprocess, minimum=1)
         with self._prepared() as hooks:
             self._fill(hooks, sets, batches)
             grads, targets = self._gradients(hooks, x, target)
-        draw, draw_key = self._draw(names, n_random, random_size, seed)
+        draw, draw_key = self._draw(names, n_random, random_size, seed, null)
         cavs = self._train(names, draw, draw_key)
         return self._scores(names, grads, targets, cavs, test, correction, float(alpha))
 
