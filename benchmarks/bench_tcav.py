@@ -6,9 +6,9 @@ Usage::
         [--layers conv3 features.1 features.4] [--pool flatten] [--out PATH.md]
 
 The zoo's shapes CNN (shipped weights), eval mode. Concepts: 10 sets of ``--per-set`` shapes images (one class each,
-the 8 classes then the first two again from another seed); random: a pool of 21 x ``--per-set`` shapes images
-(21 disjoint random sets: set 0 for the null, sets 1..20 as counter-examples). Per CAV kind (logistic, mean), each
-repeat on a fresh `hv.TCAV`:
+the 8 classes then the first two again from another seed); random: a pool of 2 x 20 x ``--per-set`` shapes images
+(40 disjoint random sets: 20 counter-example sets, and the 20 random concepts of the null, ``null="independent"``).
+Per CAV kind (logistic, mean), each repeat on a fresh `hv.TCAV`:
 
 - ``activations + CAVs``: `TCAV.compute_cavs` from nothing: the forward passes over every example, then the
   10 x 20 concept CAVs and the 20 null CAVs at each of the 3 layers (660 CAVs);
@@ -59,7 +59,7 @@ def main() -> None:
     for i in range(10):
         source = data if i < 8 else more
         concepts[f"{hv.zoo.CLASSES[i % 8]}{'' if i < 8 else '-2'}"] = source.images[source.labels == i % 8][:k]
-    pool = shapes((args.n_random + 1) * k, seed=13).images
+    pool = shapes(2 * args.n_random * k, seed=13).images  # disjoint sets: n_random counter-examples, n_random nulls
     inputs = shapes(100, seed=14).images
     header = (
         f"TCAV on the shapes CNN, {args.device}, {torch.get_num_threads()} thread(s): 10 concepts x "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -203,7 +204,14 @@ class TCAVResult:
         for ax, k in zip(axes, self.classes, strict=True):
             self._draw(ax, k, score)
         axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, title="layer")
+        fig.suptitle(textwrap.fill(self._caption(), width=int(width * 14)), fontsize=8)
         return fig
+
+    def _caption(self) -> str:
+        return (
+            f"TCAV: bars = concept vs {self.n_random} random sets (mean ± std), black tick = random-vs-random mean; "
+            f"{self.correction}-corrected two-sided {self.test} t-test, n.s. = not significant at alpha = {self.alpha}"
+        )
 
     def plot(self, score: Score = "sign_count", *, cls: int | None = None, ax: Axes | None = None) -> Axes:
         """One class's panel of `figure` (the first class unless `cls` is given) drawn into `ax` (a new figure's
@@ -263,11 +271,7 @@ class TCAVResult:
         ax.set_ylim(0, 1.15)
         ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
         ax.set_ylabel(f"TCAV {score.replace('_', ' ')}", fontsize=8)
-        ax.set_title(
-            f"class {name}: bars = concept vs {self.n_random} random sets (mean ± std), black tick = random vs random; "
-            f"{self.correction}-corrected {self.test} t-test",
-            fontsize=8.5,
-        )
+        ax.set_title(f"class {name}", fontsize=9, loc="left")
         ax.tick_params(axis="y", labelsize=7)
 
     def _stars(self, s: ScoreStats) -> str:
