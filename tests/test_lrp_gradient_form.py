@@ -14,17 +14,20 @@ from torch import Tensor, nn
 import hookviz as hv
 from hookviz.methods.lrp import composite as composite_of
 from hookviz.methods.lrp.gradient_form import gradient_form_allowed
+from hookviz.methods.lrp.rules import Rule
 
 
-def _both(model: nn.Module, x: Tensor, comp: str, target, **kw) -> tuple[Tensor, Tensor, hv.LRP]:
-    fast = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0), **kw)
+def _both(
+    model: nn.Module, x: Tensor, comp: str, target, eps: float = 0.0, **kw
+) -> tuple[Tensor, Tensor, hv.LRP, hv.LRP]:
+    fast = hv.LRP(model, composite_of(comp, epsilon=eps, stabilizer=eps), **kw)
     assert fast._gradient_form
-    slow = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0), **kw)
+    slow = hv.LRP(model, composite_of(comp, epsilon=eps, stabilizer=eps), **kw)
     slow._gradient_form = False  # the relevance form: each rule its own autograd function
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every operation covered
         got = fast.attribute(x, target=target)
-    return got, slow.attribute(x, target=target), fast
+    return got, slow.attribute(x, target=target), fast, slow
 
 
 @pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
@@ -33,7 +36,7 @@ def test_equals_the_relevance_form_on_every_family(family: str, composite: str) 
     model, x, kw = _family(family)
     model = model.double()
     x = x.double() if x.is_floating_point() else x
-    got, want, fast = _both(model, x, composite, _LAST.get(family.split("-")[0], 1), **kw)
+    got, want, fast, _ = _both(model, x, composite, _LAST.get(family.split("-")[0], 1), **kw)
     big = float(want.abs().max())
     # the same rules in float64, applied in another order (relevance over activation carried instead of relevance):
     # float64 rounding, except that Hugging Face's eager attention computes its softmax in float32 even in a float64
@@ -45,6 +48,30 @@ def test_equals_the_relevance_form_on_every_family(family: str, composite: str) 
     # (a sum over the map's elements: at most their count times the maps' bound)
     per_input = want.flatten(1).shape[1]
     torch.testing.assert_close(fast.audit.total, want.flatten(1).sum(1), rtol=0, atol=tol * big * per_input)
+
+
+@pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_default_stabilizers_equal_the_relevance_form_on_every_family(family: str, composite: str) -> None:
+    """The default composites (epsilon and stabilizers 1e-6) in gradient form, their stabilizers factors on the
+    gradient (`gradient_ops`, `gradient_attention`), against the relevance form, each rule dividing R by stab(z)."""
+    model, x, kw = _family(family)
+    model = model.double()
+    x = x.double() if x.is_floating_point() else x
+    got, want, fast, slow = _both(model, x, composite, _LAST.get(family.split("-")[0], 1), eps=1e-6, **kw)
+    big = float(want.abs().max())
+    # float64, the same rules, the factor applied to g = R / a instead of R divided: rounding (1e-12 of the largest),
+    # but for Hugging Face's eager attention, whose softmax is float32 in a float64 model (see above): 1e-8
+    tol = 1e-8 if family.endswith("eager") else 1e-12
+    torch.testing.assert_close(got, want, rtol=0, atol=tol * big)
+    assert big > 0
+    # the audit: an entry per call of the rules that change relevance (linear layers, sums, norms, products,
+    # AttnLRP's softmax; the attention's entries against the relevance form's: tests/test_lrp_memory.py), and the
+    # totals of the relevance form (a sum over the map's elements: at most their count times the maps' bound)
+    per_input = want.flatten(1).shape[1]
+    torch.testing.assert_close(fast.audit.total, slow.audit.total, rtol=0, atol=tol * big * per_input)
+    rules = {e.rule for e in fast.audit.entries}
+    assert {"epsilon", "uniform", "identity-norm"} <= rules and ("softmax" in rules) == (composite == "attn-lrp")
 
 
 def _bias_kv_block() -> nn.Module:
@@ -61,7 +88,7 @@ def test_einsum_baddbmm_and_bias_kv_attention(make, composite: str) -> None:
     torch.manual_seed(13)
     model = make().double().eval()
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
-    got, want, _ = _both(model, x, composite, 1)
+    got, want, _, _ = _both(model, x, composite, 1)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))  # float64 rounding
 
 
@@ -97,9 +124,16 @@ def test_by_hand_on_a_gated_product() -> None:
 def test_which_composites_use_it() -> None:
     assert gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
     assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0, stabilizer=0.0))
-    assert not gradient_form_allowed(composite_of("attn-lrp"))  # the transformer rules' stabilizers: not yet
-    assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0))  # the sums' stabilizer 1e-6
-    assert not gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0, linear_gamma=0.25))
+    # the stabilizers as factors on the gradient (`gradient_ops`), gamma on linear layers (`layers`)
+    assert gradient_form_allowed(composite_of("attn-lrp"))
+    assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0))
+    assert gradient_form_allowed(composite_of("attn-lrp", linear_gamma=0.25))
+
+    class Custom(Rule):
+        name = "custom"
+
+    # a rule of another kind: the relevance form
+    assert not gradient_form_allowed(composite_of("attn-lrp", type_map=[(nn.GELU, Custom())]))
     for name in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box"):  # the CNN composites: every rule (`layers`)
         assert gradient_form_allowed(composite_of(name, low=-1.0, high=1.0))
 
@@ -145,7 +179,7 @@ def test_gates_guessed_and_zero_inputs_to_activations_keep_the_values(composite:
     model = _TwoGates().double().eval()
     x = torch.randn(3, 4, dtype=torch.float64)
     x[0, :] = 0.0  # the first row's activation inputs are exactly 0 (bias-free layers): the identity rule's mask
-    got, want, _ = _both(model, x, composite, 1)
+    got, want, _, _ = _both(model, x, composite, 1)
     # the relevance form with epsilon 0 divides by the zero row's zero pre-activations (NaN there): rows 1, 2 only
     big = float(want[1:].abs().max())
     torch.testing.assert_close(got[1:], want[1:], rtol=0, atol=1e-12 * big)  # float64 rounding
@@ -235,7 +269,7 @@ def test_norms_written_out_hold_their_std_in_their_own_forward(norm: str, compos
     fns = []
     apply = gradient_form._NormFn.apply
     monkeypatch.setattr(gradient_form._NormFn, "apply", lambda *a: fns.append(1) or apply(*a))
-    got, want, fast = _both(model, x, composite, _LAST["llama"], **kw)
+    got, want, fast, _ = _both(model, x, composite, _LAST["llama"], **kw)
     assert fns == []  # the held std is the rule: no Function of its own on any normalisation
     assert fast._gradient_form
     big = float(want.abs().max())
@@ -252,7 +286,7 @@ def test_a_norm_computed_below_its_input_precision_keeps_the_transpose(monkeypat
     fns = []
     apply = gradient_form._NormFn.apply
     monkeypatch.setattr(gradient_form._NormFn, "apply", lambda *a: fns.append(1) or apply(*a))
-    got, want, _ = _both(model, x, "attn-lrp", _LAST["llama"], **kw)
+    got, want, _, _ = _both(model, x, "attn-lrp", _LAST["llama"], **kw)
     assert len(fns) == 2 * 2 + 1  # two layers of two norms and the final norm
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))
 

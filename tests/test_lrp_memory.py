@@ -37,8 +37,12 @@ class SdpaBlock(nn.Module):
         return self.head((x + self.proj(o)).mean(1))
 
 
-def _run(model: nn.Module, composite: object, x: Tensor) -> tuple[Tensor, list[tuple[str, str, Tensor, Tensor]]]:
+def _run(
+    model: nn.Module, composite: object, x: Tensor, relevance_form: bool = True
+) -> tuple[Tensor, list[tuple[str, str, Tensor, Tensor]]]:
     lrp = hv.LRP(model, composite)
+    if relevance_form:
+        lrp._gradient_form = False  # each rule its own Function carrying relevance (`propagate`)
     r = lrp.attribute(x, target=1)
     assert lrp.audit is not None
     audit = [(e.name, e.rule, e.entered, e.left) for e in lrp.audit.entries]
@@ -69,6 +73,38 @@ def test_fused_attention_equals_the_decomposed_calls(
         if ent is not None:
             torch.testing.assert_close(ent, ent2, rtol=1e-12, atol=1e-15, msg=name)
             torch.testing.assert_close(left, left2, rtol=1e-12, atol=1e-15, msg=name)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float"])
+def test_gradient_form_attention_equals_its_parts_and_the_relevance_form(
+    mask: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AttnLRP with its stabilizers in gradient form: the one Function that keeps q, k, v alone
+    (`gradient_attention`) against the parts it replaces (q kᵀ, mask, softmax, p v, each with its factor), and both
+    against the relevance form: maps and the attention's audit entries, float64."""
+    from hookviz.methods.lrp.gradient_ops import GradientOps
+
+    torch.manual_seed(0)
+    model = SdpaBlock(mask).double().eval()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    one, one_audit = _run(model, "attn-lrp", x, relevance_form=False)
+    want, want_audit = _run(model, "attn-lrp", x)
+    monkeypatch.setattr(GradientOps, "attention", lambda self, *args: None)  # every attention decomposed
+    parts, parts_audit = _run(model, "attn-lrp", x, relevance_form=False)
+    assert float(want.abs().sum()) > 0
+    # float64, the same rules, the factor z / stab(z) applied to g instead of R divided by stab(z): rounding
+    for got in (one, parts):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15 * float(want.abs().max()))
+    assert [a[:2] for a in one_audit] == [a[:2] for a in parts_audit]
+    want_by_name = {a[0]: a for a in want_audit}
+    names = [a[0] for a in one_audit if "sdpa" in a[0] or "scaled_dot_product" in a[0]]
+    assert len(names) == 4 - (mask == "none")  # q@k, mask, softmax, p@v
+    for audit in (one_audit, parts_audit):
+        for name, _, ent, left in audit:
+            if name in names:
+                ref = want_by_name[name.replace("F.scaled_dot_product_attention", "sdpa")]
+                torch.testing.assert_close(ent, ref[2], rtol=1e-10, atol=1e-14, msg=name)
+                torch.testing.assert_close(left, ref[3], rtol=1e-10, atol=1e-14, msg=name)
 
 
 @pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
@@ -150,6 +186,8 @@ def test_rules_keep_no_probabilities_activations_or_norm_outputs(
         return grad(scores, inputs, **kw)
 
     monkeypatch.setattr(lrp_module, "batched_grad", spy)
+    # the relevance form (each rule a Function whose ``ctx.call`` holds what it keeps)
+    monkeypatch.setattr(lrp_module, "gradient_form_allowed", lambda composite: False)
     x = torch.randn(2, 3, 32, 32)
     r = hv.LRP(model, composite).attribute(x, target=1)
     for h in handles:

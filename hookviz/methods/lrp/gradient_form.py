@@ -31,15 +31,18 @@ from ..rules import MATMUL_FUNCTIONS, Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
 from ..rules.ops import bind_mha, bind_sdpa
 from ..rules.reach import InputReach
-from .attention import MHA, SDPA, mha_heads
+from .attention import MHA, SDPA, attend, mha, mha_heads
+from .attention_check import AttentionCheck
 from .audit import AuditBook, AuditEntry
 from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
+from .gradient_ops import GradientOps, _again
 from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
-from .layers import LayerRules, uncovered
+from .layers import ADD_FUNCTIONS, LayerRules, uncovered
 from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
-from .rules import Epsilon, Gradient, Norm, Pass, Rule
+from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
+from .stabilizer import Site, stabilized
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
 from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
@@ -58,6 +61,10 @@ _ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.tanh: "F.tanh",
     F.sigmoid: "F.sigmoid",
 }
+# where relevance starts (an embedding's output), what routes nothing, and the maps whose plain gradient is their
+# rule in gradient form (a negation, in-place scaling by a constant: positively homogeneous or linear)
+_EXACT_AS_GRADIENT = {"embedding", "is_floating_point", "is_complex", "neg", "__neg__", "negative", "mul_", "div_",
+                      "type_as"}  # fmt: skip
 _NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
 # the std of a normalisation written out (HF's RMSNorm: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``):
 # inside a normalisation module its result is detached, so that the module's own gradient is the identity rule's
@@ -73,25 +80,20 @@ _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
 }
 
 
+def _hooked_kind(module: nn.Module) -> bool:
+    """Modules whose operations the engine does not see one by one (their rule covers the module): normalisations,
+    transformers' Conv1D and activation modules."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
+
+
 def gradient_form_allowed(composite: Composite) -> bool:
-    """Whether every rule of the transformer `composite` is exact in gradient-times-input form: its epsilon and
-    stabilizers are 0 and its rules are the AttnLRP / CP-LRP ones (no gamma, no user rules of another kind)."""
+    """Whether every rule of `composite` has a gradient-times-input form here: the layer rules (`layers`), AttnLRP's
+    and CP-LRP's (their stabilizers as factors: `gradient_ops`); not a user's rule of another kind."""
     if composite.transformer is None:
         return True  # the layer rules of the other composites, every one of them (`layers`)
-    if getattr(composite.sum_rule, "stabilizer", None) != 0:
-        return False
-    rules = composite.transformer
-    if rules.product.epsilon != 0 or rules.norm.epsilon != 0:
-        return False
     maps = (*composite.type_map, *composite.first_map, *composite.name_map, *composite.kind_map)
-    for _, rule in maps:
-        if isinstance(rule, Epsilon | NormIdentity) and rule.epsilon != 0:
-            return False
-        if isinstance(rule, Norm) and rule.stabilizer != 0:
-            return False
-        if not isinstance(rule, Epsilon | NormIdentity | Norm | Pass | Gradient | Attention | Uniform | Softmax):
-            return False
-    return True
+    known = LinearRule | NormIdentity | Norm | Pass | Gradient | Attention | Uniform | Softmax
+    return all(isinstance(rule, known) for _, rule in maps) and isinstance(composite.sum_rule, Norm)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -170,11 +172,11 @@ class GradientFormRun:
         self.entries: list[AuditEntry] = []
         self.book = AuditBook(self.entries)
         self.counts: Counter[str] = Counter()
-        # the other composites' layer rules (`layers`): the whole table where the composite has no transformer rules
-        self.layers = None if composite.transformer is not None else (
-            LayerRules(model, composite, canonize, self.reach, self.entry, n)
-        )  # fmt: skip
+        # the layer rules (`layers`): the whole table where the composite has no transformer rules; linear layers,
+        # sums of branches, pooling and affine maps of the transformer composites
+        self.layers = LayerRules(model, composite, canonize, self.reach, self.entry, n)
         transformer = composite.transformer
+        self.transformer = transformer is not None
         self.cp = transformer is not None and transformer.softmax.hold
         self.hold_gates = transformer is not None and transformer.product.hold_gates
         # id -> (weak reference, module type or function) of activation outputs: CP-LRP holds a gated MLP's gate
@@ -185,6 +187,13 @@ class GradientFormRun:
         # None (not yet), a dtype (its std held constant by `_std`, taken in that dtype), "function" (F.layer_norm /
         # F.rms_norm's rule)
         self.norms: list[list[Any]] = []
+        self.check = AttentionCheck()  # every attention module runs an attention the rules see
+        # the transformer rules' stabilizers as factors on the gradient (`gradient_ops`; inactive where all are 0)
+        self.ops: GradientOps | None = None
+        if transformer is not None:
+            rules = (composite.linear_rule(), transformer.product, composite.sum_rule, transformer.norm,
+                     transformer.softmax)  # fmt: skip
+            self.ops = GradientOps(rules, self.reach, self.entry, self._shares, _share, self._rule_layer, n)
 
     def entry(self, name: str, rule: Rule) -> AuditEntry:
         """A new audit entry for a call of `name` (``name#k`` for its k-th call) with `rule`, in execution order."""
@@ -197,18 +206,29 @@ class GradientFormRun:
     @property
     def sink(self) -> Tensor | None:
         """Where the first layer's relevance on the explained input went whole (`layer_fn`), or None."""
-        return None if self.layers is None else self.layers.sink
+        return self.layers.sink
 
     def set_leaf(self, leaf: Tensor) -> None:
         """The explained input, before the forward pass."""
-        if self.layers is not None:
-            self.layers.leaf = leaf
+        self.layers.leaf = leaf
+
+    def _rule_layer(self, name: str, rule: LinearRule, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``F.linear`` with a linear rule other than LRP-epsilon (gamma on a transformer's linear layers)."""
+        with torch.no_grad():
+            y = F.linear(x, weight, bias)
+        layer = Affine("linear", weight.detach(), None if bias is None else bias.detach())
+        return self.layers.functional_layer(name, rule, x, y, layer)
+
+    @property
+    def _active(self) -> bool:
+        return self.ops is not None and self.ops.active
 
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
-        if self.layers is not None:
+        if self.ops is None:
             return self.layers.add_entries(RuleTable(uncovered=uncovered))
         comp = self.composite
+        ops = self.ops
 
         def rule_of(module: nn.Module) -> Rule | None:
             return comp.by_type(module, first=False)
@@ -233,7 +253,7 @@ class GradientFormRun:
             if held is None:
                 return norm(call)
             if held == "function":
-                return call.output
+                return call.output  # its F.layer_norm / F.rms_norm call took the rule, factor and all
             x = call.args[0] if call.args else None
             if not (isinstance(x, Tensor) and isinstance(call.output, Tensor)):
                 return None
@@ -243,7 +263,8 @@ class GradientFormRun:
                 return norm(call)
             assert isinstance(call.op, nn.Module)
             norm_map(call.name, call.op, x.detach(), call.output)  # raises for a module no form reproduces
-            return call.output
+            bias = getattr(call.op, "bias", None)
+            return self._norm_factor(call.name, call.output, call.op.forward, x, bias, call.op)
 
         def is_pass(name: str, module: nn.Module) -> bool:
             if module is self.model or isinstance(module, LINEAR_LAYERS + GRADIENT_LAYERS + AVG_POOLS):
@@ -256,7 +277,8 @@ class GradientFormRun:
                 return None
             assert isinstance(call.op, nn.Module)
             nm = norm_map(call.name, call.op, x.detach(), call.output)
-            return _NormFn.apply(x, (call.output,), nm)
+            y = _NormFn.apply(x, (call.output,), nm)
+            return self._norm_factor(call.name, y, call.op.forward, x, getattr(call.op, "bias", None), call.op)
 
         def passes(call: Call) -> Any:
             x = call.args[0] if call.args else None
@@ -285,10 +307,41 @@ class GradientFormRun:
             if not (isinstance(h, Tensor) and isinstance(call.output, Tensor) and self.reach.depends(h)):
                 return None
             assert out_layer is not None
-            return rows_reached(h, out_layer, call.output)
+            rule = self.layers.rule_for(out_layer)
+            if isinstance(rule, LinearRule) and not isinstance(rule, Epsilon):
+                return self.layers.module_rule(call.name, out_layer, call.args, call.output)
+            out = rows_reached(h, out_layer, call.output)
+            if not (isinstance(rule, Epsilon) and rule.epsilon):
+                return out
+            bias = None if out_layer.bias is None else out_layer.bias.detach()
+            again = lambda: out_layer.forward(h.detach())  # noqa: E731
+            return stabilized(out, Site(self.entry(call.name, rule), rule.epsilon, out, again, self.layers.n, bias))
 
-        return (
-            RuleTable(uncovered=None)
+        def linear(call: Call) -> Any:
+            a = call.args
+            x = a[0] if a else call.kwargs.get("input")
+            if not self._active or not self.reach.depends(x):
+                return NotImplemented
+            bound = dict(zip(("input", "weight", "bias"), a, strict=False)) | call.kwargs
+            return ops.functional_linear(x, bound["weight"], bound.get("bias"), call.name)
+
+        def broadcast_sum(call: Call) -> Any:
+            out = ops.broadcast_sum(call.op, call.args, call.name) if not call.kwargs else NotImplemented
+            return self.layers.add(call.op, call.args, call.kwargs) if out is NotImplemented else out
+
+        def conv1d(module: nn.Module) -> bool:
+            return module_kind(module) == "conv1d"
+
+        def unruled(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
+            """What the engine reports: as the layer rules do, but not the operations inside a normalisation module
+            (its rule covers the module) nor those whose plain gradient is their rule in this form."""
+            if self.norms:
+                return None
+            name = uncovered(func, args, kwargs)
+            return None if name in _EXACT_AS_GRADIENT else name
+
+        table = (
+            RuleTable(uncovered=unruled)
             .modules(is_output, owned("linear (output rows)", output_rows))
             .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
@@ -302,7 +355,11 @@ class GradientFormRun:
             .functions(_NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
             .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
+            .functions({F.linear: "F.linear"}, owned("linear", linear))
+            .functions(ADD_FUNCTIONS, owned("sum", broadcast_sum))
         )
+        # what is left: linear layers, sums of branches, pooling, affine maps by a constant (`layers`)
+        return self.layers.add_entries(table, hooked=conv1d)
 
     # -- shares of products ---------------------------------------------------------------------------------------
     def _gate(self, t: Tensor, key: object) -> Tensor:
@@ -344,12 +401,34 @@ class GradientFormRun:
         if len(args) != 2 or call.kwargs:
             return NotImplemented
         shares = self._shares(*args)
-        if shares is None:
-            return NotImplemented
         a, b = args
+        if self._active and self.ops is not None:
+            mul = call.op in MUL_FUNCTIONS
+            if shares is None and not self._linear_product(a, b, mul):
+                return call.op(*args)
+            if call.op is Tensor.__rmatmul__:
+                a, b = b, a
+                shares = None if shares is None else (shares[1], shares[0])
+            return self.ops.product(call.name, a, b, "mul" if mul else "matmul", shares=shares)
+        if shares is None:
+            return call.op(*args)  # a linear map (scaling by a constant, rotary's cos and sin): its own gradient
         if shares == (0.5, 0.5) and call.op in MUL_FUNCTIONS and a.shape == b.shape and a.dtype == b.dtype:
             return _HalfProduct.apply(a, b)
         return call.op(*(_share(t, w) for t, w in zip(args, shares, strict=True)))
+
+    def _linear_product(self, a: object, b: object, mul: bool) -> bool:
+        """Whether a product of which at most one factor depends on the input takes LRP-epsilon (a linear map: a
+        matrix product with a constant, an elementwise product broadcast beyond the factor); scaling by a constant,
+        ``x * c`` shaped like x, passes relevance unchanged (its own gradient), as in the relevance form."""
+        da, db = self.reach.depends(a), self.reach.depends(b)
+        if not (da or db):
+            return False
+        if not mul:
+            return True
+        x, c = (a, b) if da else (b, a)
+        assert isinstance(x, Tensor)
+        shape = c.shape if isinstance(c, Tensor) else ()
+        return isinstance(c, Tensor) and torch.broadcast_shapes(x.shape, shape) != x.shape
 
     def _einsum(self, call: Call) -> Any:
         args = call.args
@@ -359,8 +438,12 @@ class GradientFormRun:
         if len(operands) != 2:
             return NotImplemented
         shares = self._shares(*operands)
+        if self._active and self.ops is not None:
+            if shares is None and not self._linear_product(*operands, mul=False):
+                return NotImplemented
+            return self.ops.product(call.name, *operands, "einsum:" + args[0], shares=shares)
         if shares is None:
-            return NotImplemented
+            return torch.einsum(args[0], *operands)  # a linear map: its own gradient
         return torch.einsum(args[0], *(_share(t, w) for t, w in zip(operands, shares, strict=True)))
 
     def _baddbmm(self, call: Call) -> Any:
@@ -369,8 +452,20 @@ class GradientFormRun:
         if len(bound) != 3 or len(call.args) > 3 or set(call.kwargs) - {*names, "beta", "alpha"}:
             return NotImplemented
         shares = self._shares(bound["batch1"], bound["batch2"])
+        if self._active and self.ops is not None:
+            # beta c + alpha (a @ b): the product rule on the product, the sum rule on the sum (c absorbs its share)
+            ops = self.ops
+            c, a, b = bound["input"], bound["batch1"], bound["batch2"]
+            if shares is None and not self._linear_product(a, b, mul=False):
+                return NotImplemented
+            beta, alpha = call.kwargs.get("beta", 1), call.kwargs.get("alpha", 1)
+            z = ops.product(f"{call.name} @", a, b, "matmul", float(alpha), shares=shares)
+            if beta == 0:
+                return z
+            c = c if beta == 1 else c * beta
+            return ops.sum(f"{call.name} +", z, c, (True, self.reach.depends(c)))
         if shares is None:
-            return NotImplemented
+            return call.op(*call.args, **call.kwargs)  # a linear map: its own gradient
         rest = {k: v for k, v in call.kwargs.items() if k in ("beta", "alpha")}
         a, b = (_share(bound[n], w) for n, w in zip(("batch1", "batch2"), shares, strict=True))
         return torch.baddbmm(bound["input"], a, b, **rest)
@@ -378,8 +473,18 @@ class GradientFormRun:
     # -- softmax and attention ------------------------------------------------------------------------------------
     def _softmax(self, call: Call) -> Any:
         """AttnLRP: the softmax rule is the softmax's gradient in this form (plain); CP-LRP holds the probabilities."""
+        self.check.calls += 1
         if not self.cp:
-            return NotImplemented
+            # the rule is the softmax's own gradient; audited where the other rules are (stabilized)
+            if not self._active or self.ops is None:
+                return call.op(*call.args, **call.kwargs)
+            s = call.args[0] if call.args else call.kwargs.get("input")
+            dim = call.kwargs.get("dim", call.args[1] if len(call.args) > 1 else None)
+            if not isinstance(s, Tensor) or not self.reach.depends(s) or not isinstance(dim, int):
+                return call.op(*call.args, **call.kwargs)
+            op, args, kwargs = call.op, call.args, call.kwargs
+            rest = {k: v for k, v in kwargs.items() if k not in ("input", "dim")}
+            return self.ops.softmax(call.name, s, dim, lambda t: op(t, dim, *args[2:], **rest))
         args = list(call.args)
         kwargs = dict(call.kwargs)
         if args and isinstance(args[0], Tensor):
@@ -409,15 +514,30 @@ class GradientFormRun:
         # v first: CP-LRP holds q and k, whose nodes the graph memo would otherwise keep alive to the end of the pass
         if not any(self.reach.depends(t) for t in (v, q, k)):
             return NotImplemented
+        self.check.calls += 1
+        if self._active and self.ops is not None and not self.cp:
+            # AttnLRP's stabilizers need the scores and the output: the call decomposed (`attention.attend`)
+            out, _ = attend(self.ops, call.name, q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"],
+                            a["enable_gqa"])  # fmt: skip
+            return out
         a["query"], a["key"], a["value"] = self._qkv(q, k, v)
-        return self._attend(a)
+        return self._held_output(call.name, self._attend(a))
+
+    def _held_output(self, what: str, o: Tensor) -> Tensor:
+        """CP-LRP's attention output with the product rule's factor (the probabilities held: only v's product)."""
+        if not self._active or self.ops is None:
+            return o
+        ops = self.ops
+        return ops.stabilize(f"{what} p@v", ops.product_rule, ops.product_eps, o, None, None)
 
     def _in_projection(self, t: Tensor, w: Tensor, b: Tensor | None, which: str) -> Tensor:
         """An input projection of ``F.multi_head_attention_forward``: CP-LRP holds q and k, so their projections
         build no graph."""
-        if self.cp and which != "v":
+        if self.cp and which not in ("v", "out"):
             with torch.no_grad():
                 return F.linear(t, w, b)
+        if self._active and self.ops is not None:
+            return self.ops.functional_linear(t, w, b, f"multi_head_attention {which}_proj")
         return F.linear(t, w, b)
 
     def _mha(self, call: Call) -> Any:
@@ -426,15 +546,18 @@ class GradientFormRun:
         a = bind_mha(call.args, call.kwargs)
         if not any(self.reach.depends(a[t]) for t in ("value", "query", "key")):  # v first, as in `_sdpa`
             return NotImplemented
+        self.check.calls += 1
+        if self._active and self.ops is not None and not self.cp:
+            return mha(self.ops, call.args, call.kwargs)  # decomposed, as `_sdpa`
         heads = mha_heads(a, self._in_projection)
         q, k, v, mask, causal, unbatched = heads.q, heads.k, heads.v, heads.mask, heads.causal, heads.unbatched
         (n_q, n, e), n_k, h = heads.shape, k.shape[-2], a["num_heads"]
         d = e // h
         dropout = a["dropout_p"] if a["training"] else 0.0
         qs, ks, vs = self._qkv(q, k, v)
-        o = self._attend(bind_sdpa((qs, ks, vs, mask, dropout, causal), {}))
+        o = self._held_output(call.name, self._attend(bind_sdpa((qs, ks, vs, mask, dropout, causal), {})))
         o = o.permute(2, 0, 1, 3).reshape(n_q, n, e)
-        out = F.linear(o, a["out_proj_weight"], a["out_proj_bias"])
+        out = self._in_projection(o, a["out_proj_weight"], a["out_proj_bias"], "out")
         weights = None
         if a["need_weights"]:
             with torch.no_grad():
@@ -481,8 +604,31 @@ class GradientFormRun:
             with torch.no_grad():
                 w, b = a.get("weight"), a.get("bias")
                 out, _, rstd = torch.native_layer_norm(x, [shape] if isinstance(shape, int) else list(shape), w, b, eps)
-            return _NormFn.apply(x, (out,), nm, rstd)
-        return _NormFn.apply(x, (call.op(*call.args, **call.kwargs),), nm)
+            y = _NormFn.apply(x, (out,), nm, rstd)
+        else:
+            y = _NormFn.apply(x, (call.op(*call.args, **call.kwargs),), nm)
+        op, rest = call.op, {k: v for k, v in a.items() if k != "input"}
+        module = self.norms[-1][0] if self.norms else None
+        return self._norm_factor(call.name, y, lambda t: op(t, **rest), x, a.get("bias") if layer else None, module)
+
+    def _norm_factor(
+        self,
+        what: str,
+        y: Tensor,
+        fn: Callable[[Tensor], Tensor],
+        x: Tensor,
+        bias: Tensor | None = None,
+        module: nn.Module | None = None,
+    ) -> Tensor:
+        """A normalisation's output `y` = ``fn(x)`` with the identity rule's stabilizer as a factor (`NormIdentity`
+        with epsilon 0: `y`); `bias`: the audit's offset (the part of `y` that is not a function of `x`)."""
+        ops = self.ops
+        if not self._active or ops is None:
+            return y
+        rule = ops.norm_rule if module is None else (self.composite.by_type(module, first=False) or ops.norm_rule)
+        eps = float(getattr(rule, "epsilon", 0.0))
+        offset = bias.detach() if isinstance(bias, Tensor) else None
+        return ops.stabilize(what, rule, eps, y, offset, _again(fn, what, x))
 
     def _activation(self, call: Call) -> Any:
         x = call.args[0] if call.args else call.kwargs.get("input")
@@ -505,8 +651,11 @@ class GradientFormRun:
         engine = RuleEngine(self.model, self.hooks, self.table(), method="LRP")
         try:
             with engine.forward_pass():
+                if self.transformer:
+                    self.check.place(self.model, self.hooks, engine, _hooked_kind, self.reach.depends)
                 yield
         finally:
+            self.check.clear()
             self.gates.clear()
             self.gate_keys.clear()
             self.norms.clear()

@@ -319,6 +319,15 @@ class LayerRules:
             self.produced[id(out)] = (out, call)
         return out
 
+    def functional_layer(self, name: str, rule: LinearRule, x: Tensor, y: Tensor, layer: Affine) -> Tensor:
+        """A linear map called as a function (``F.linear`` in a transformer) with a rule with modified weights:
+        `rule_layer` for an `Affine` given, not a module (nothing to fold)."""
+        layer.nonnegative = self.nonnegative(x)
+        call = LayerCall(self.entry(name, rule), rule, layer, x, y, self.n)
+        sink = self._sink(x, rule)
+        call.sink = sink is not None
+        return LayerRuleFn.apply(x, sink, (y.detach(),), call)
+
     def _sink(self, x: Tensor, rule: LinearRule) -> Tensor | None:
         """Where a rule whose relevance is not a multiple of its input puts it when that input is the explained
         input itself: a zero tensor shaped like it (`layer_fn`), made at the first such call."""

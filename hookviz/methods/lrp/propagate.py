@@ -39,7 +39,6 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...hooks import HookManager
-from ..cam_layer import is_attention_module
 from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
 from ..rules import Call, Coverage, RuleEngine, RuleTable
 from ..rules import Rule as EngineRule
@@ -321,29 +320,6 @@ class LRPRun:
             return False
         return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
 
-    def place_attention_checks(self, engine: RuleEngine) -> None:
-        """Every attention module must run an attention the rules see; else `RuntimeError` naming it."""
-        ops = self.ops
-        assert ops is not None
-
-        def attention(name: str, module: nn.Module) -> bool:
-            return module is not self.model and is_attention_module(module) and not self.hooked_kind(module)
-
-        def enter(name: str, module: nn.Module, args: tuple) -> None:
-            if engine.acting() and engine.depth == 0:
-                ops.enter_attention(name)
-
-        def leave(name: str, module: nn.Module, args: tuple, output: Any) -> None:
-            if engine.acting() and engine.depth == 0:
-                first = output
-                while isinstance(first, (tuple, list)) and first:
-                    first = first[0]
-                ops.leave_attention(name, module, ops.depends(first))
-
-        if any(attention(n, m) for n, m in self.model.named_modules()):
-            self.hooks.forward_pre(attention, enter, with_name=True)
-            self.hooks.forward(attention, leave, with_name=True)
-
     def mark_nonnegative(self, t: Any) -> None:
         """Note that the tensor `t` holds no negative value (a ReLU's output, a pooling of one)."""
         if isinstance(t, Tensor):
@@ -578,7 +554,7 @@ class LRPRun:
         try:
             with engine.forward_pass():
                 if self.ops is not None:
-                    self.place_attention_checks(engine)
+                    self.ops.check.place(self.model, self.hooks, engine, self.hooked_kind, self.reach.depends)
                 yield
         finally:
             for _, call in self.produced.values():

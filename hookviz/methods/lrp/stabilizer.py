@@ -57,9 +57,11 @@ class Site:
     `again`), the stabilizer, and what the audit's "left" subtracts (`offset`, the output's part that is not a
     function of the input: a bias, b' of a folded BatchNorm; None: none) and multiplies (`share`: the product rules'
     factor shares, 1 elsewhere). `scale`: a per-channel factor for the gradient passed on (a BatchNorm folded into
-    the layer before it: its input gets s g', the BatchNorm's own gradient)."""
+    the layer before it: its input gets s g', the BatchNorm's own gradient). `finite`: z may hold infinities (a sum
+    with an attention mask of -inf), where the relevance is 0: they are read as 0 (the factor 0, the audit's terms
+    0), as the relevance form's rules give masked logits none."""
 
-    __slots__ = ("entry", "epsilon", "z", "version", "again", "offset", "share", "scale", "n")
+    __slots__ = ("entry", "epsilon", "z", "version", "again", "offset", "share", "scale", "n", "finite")
 
     def __init__(
         self,
@@ -71,8 +73,10 @@ class Site:
         offset: Tensor | None = None,
         share: float = 1.0,
         scale: Tensor | None = None,
+        finite: bool = False,
     ) -> None:
         self.entry = entry
+        self.finite = finite
         self.epsilon = epsilon
         self.z = z.detach()
         self.version = z._version
@@ -99,7 +103,10 @@ class Site:
         """The sums of this call: entered ``sum z g``, left ``share * sum (z - offset) g'`` (`gp` = g')."""
         if self.entry is None:
             return
-        left_of = z if self.offset is None else z - self.offset
+        offset = self.offset
+        if self.finite and offset is not None:
+            offset = torch.nan_to_num(offset, nan=0.0, posinf=0.0, neginf=0.0)
+        left_of = z if offset is None else z - offset
         left = per_input(left_of, gp, self.n)
         self.entry.add(per_input(z, g, self.n), left if self.share == 1.0 else left * self.share)
 
@@ -119,6 +126,8 @@ class Stabilized(torch.autograd.Function):
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
         site: Site = ctx.site
         z = site.output()
+        if site.finite:
+            z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
         gp = g if site.epsilon == 0 else g * factor(z.to(g.dtype), site.epsilon)
         site.audit(z, g, gp)
         return (gp if site.scale is None else gp * site.scale), None, None

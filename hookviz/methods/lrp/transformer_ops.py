@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..rules import MATMUL_FUNCTIONS, Call, RuleTable, spellings
 from ..rules import Rule as EngineRule
 from ..rules.reach import InputReach
 from .attention import MHA, SDPA, mha, sdpa
+from .attention_check import AttentionCheck
 from .audit import AuditEntry
 from .norm import NormMap, _NormIdentityFn
 from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
@@ -58,7 +59,7 @@ EntryCall = Callable[[str, Rule], AuditEntry]
 class TransformerOps:
     """The transformer rules during one LRP forward pass: products, softmax, normalisations and fused attention
     calls as entries of LRP's rule table (`add_entries`), the gates CP-LRP holds (``tags``), and the check that
-    every attention module ran an attention the engine saw (`enter_attention` / `leave_attention`)."""
+    every attention module ran an attention the engine saw (`check`, an `AttentionCheck`)."""
 
     def __init__(
         self,
@@ -80,12 +81,11 @@ class TransformerOps:
         # id -> weak reference: softmax and activation outputs (gates CP-LRP holds); weak, so that a gate no rule reads
         # is freed during the forward pass
         self.tags: dict[int, weakref.ref[Tensor]] = {}
-        self.attention_calls = 0
-        self._open: list[tuple[str, int]] = []  # attention modules being run: (name, attention calls at entry)
+        self.check = AttentionCheck()  # the attentions applied, and the attention modules running now
 
     def clear(self) -> None:
         self.tags.clear()
-        self._open.clear()
+        self.check.clear()
 
     # -- what depends on the input ------------------------------------------------------------------------------
     def depends(self, t: object) -> bool:
@@ -101,24 +101,8 @@ class TransformerOps:
         ref = self.tags.get(id(t)) if isinstance(t, Tensor) else None
         return ref is not None and ref() is t
 
-    # -- attention modules --------------------------------------------------------------------------------------
-    def enter_attention(self, name: str) -> None:
-        self._open.append((name, self.attention_calls))
-
-    def leave_attention(self, name: str, module: nn.Module, ran_on_input: bool) -> None:
-        if not self._open:
-            return
-        opened, before = self._open.pop()
-        if ran_on_input and self.attention_calls == before:
-            raise RuntimeError(
-                f"LRP: the attention module {name!r} ({type(module).__name__}) ran without any operation the engine "
-                "sees (softmax, F.scaled_dot_product_attention, F.multi_head_attention_forward): a custom kernel or "
-                "a TorchScript function computes its attention, which would get a plain gradient instead of the "
-                "attention rules; use the module's eager (PyTorch) attention"
-            )
-
     def _where(self, what: str) -> str:
-        return f"{self._open[-1][0]}: {what}" if self._open else what
+        return self.check.where(what)
 
     # -- the table's entries ------------------------------------------------------------------------------------
     def add_entries(
@@ -324,7 +308,7 @@ class TransformerOps:
         e_mask = None if bias is None else self.entry(f"{what} mask", self.sum_rule)
         e_soft = self.entry(f"{what} softmax", rules.softmax)
         e_pv = self.entry(f"{what} p@v", rules.product)
-        self.attention_calls += 1
+        self.check.calls += 1
         wq, wk = self.shares(True, True, self.tagged(q), self.tagged(k))
         wp, wv = self.shares(True, self.depends(v), True, self.tagged(v))  # p: a gate that depends on the input
         q0, k0, v0 = q.detach(), k.detach(), v.detach()
@@ -348,7 +332,7 @@ class TransformerOps:
         s0 = s.detach()
         with torch.no_grad():
             p = fn(s0)
-        self.attention_calls += 1
+        self.check.calls += 1
         call = RuleCall(self.entry(what, rule), rule, (s0,), p, dim)
         return self.tag(_SoftmaxFn.apply(s, call))
 
