@@ -480,14 +480,15 @@ class Boom(Exception):
     pass
 
 
+@pytest.mark.parametrize("eval_mode", [True, False])
 @pytest.mark.parametrize("ending", ["normal", "error", "interrupt"])
-def test_model_and_process_restored(ending: str) -> None:
+def test_model_and_process_restored(ending: str, eval_mode: bool) -> None:
     from test_invariant_suite import Snapshot, build, check_untouched
 
     model = build("shapes_vit")  # mid training step: mixed modes, frozen block, some .grad set, some None
     x = torch.randn(2, 3, 32, 32)
     snap = Snapshot(model, x)
-    tcav = hv.TCAV(model, ["blocks.0", "blocks.1.norm1"], pool="mean")
+    tcav = hv.TCAV(model, ["blocks.0", "blocks.1.norm1"], pool="mean", eval_mode=eval_mode)
     concepts = {"c": torch.randn(3, 3, 32, 32)}
     handle = None
     if ending != "normal":
@@ -507,6 +508,16 @@ def test_model_and_process_restored(ending: str) -> None:
         if handle is not None:
             handle.remove()
     check_untouched(model, x, snap, grad_enabled=True)
+
+
+def test_train_mode_forwards_leave_batchnorm_statistics() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    model.train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    hv.TCAV(model, "1", eval_mode=False).interpret(
+        torch.randn(4, 3, 8, 8), {"c": torch.randn(4, 3, 8, 8)}, torch.randn(8, 3, 8, 8), target=0, n_random=2
+    )
+    assert model.training and all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
 # --------------------------------------------------------------------------------------------------- the result

@@ -223,13 +223,21 @@ class TCAV:
                 "(torch.no_grad() is fine)"
             )
         model = self.model
-        with model_lock(model), training_restored(model):
-            if self.eval_mode:
-                model.eval()
-            # parameters keep their requires_grad: the gradients are taken with torch.autograd.grad w.r.t. the layer
-            # outputs only, so no weight gradient is computed and no .grad changes
-            with active_call(), HookManager(model) as hooks:
-                yield hooks
+        with model_lock(model), training_restored(model) as modes:
+            # train-mode forwards (eval_mode=False) move BatchNorm's running statistics: a copy is put back
+            training = not self.eval_mode and any(flag for _, flag in modes)
+            buffers = [(b, b.detach().clone()) for b in model.buffers()] if training else []
+            try:
+                if self.eval_mode:
+                    model.eval()
+                # parameters keep their requires_grad: the gradients are taken with torch.autograd.grad w.r.t. the
+                # layer outputs only, so no weight gradient is computed and no .grad changes
+                with active_call(), HookManager(model) as hooks:
+                    yield hooks
+            finally:
+                with torch.no_grad():
+                    for b, saved in buffers:
+                        b.copy_(saved)
 
     def _record(self, taken: dict[str, Tensor], grad: bool) -> Any:
         def hook(name: str, module: nn.Module, args: Any, out: Any) -> Tensor:
