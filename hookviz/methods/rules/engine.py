@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
@@ -37,6 +38,12 @@ from .call import Call
 from .coverage import Coverage, Recorder
 from .ops import out_of_place
 from .table import Rule, RuleTable
+
+# the thread's torch function mode stack (C functions: no Python context manager per module call)
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # .../hookviz
 
@@ -70,6 +77,8 @@ class RuleEngine:
         self._rules: dict[int, Rule | None] = {}  # id(module) -> its rule, resolved once per pass
         self._counts: Counter[str] = Counter()
         self._recorder = Recorder()
+        self._mode: _Interceptor | None = None  # the function mode, while the forward pass runs
+        self._popped: list[bool] = []  # per running watched module: whether its call took the mode off the stack
 
     def acting(self) -> bool:
         """Whether the engine's module hooks act now: inside its forward pass and its own call (hooked modules inside
@@ -87,10 +96,17 @@ class RuleEngine:
         try:
             self._place_hooks()
             self._in_forward = True
-            with _Interceptor(self):
-                yield self
+            self._mode = _Interceptor(self)
+            with self._mode:
+                try:
+                    yield self
+                finally:  # a module call that never ended (an exception between the hooks): the mode goes back
+                    while self._popped:
+                        if self._popped.pop():
+                            _stack_push(self._mode)
         finally:
             self._in_forward = False
+            self._mode = None
             self.depth = 0
             for handle in self._handles:
                 handle.remove()  # idempotent: the HookManager removes them again at the end of the call
@@ -119,15 +135,26 @@ class RuleEngine:
         # in-place modules run out of place while the method's hooks live, so that the rule sees the input
         self.hooks.out_of_place(needs_input)
 
+        # While a watched module runs, its functional calls pass untouched (`depth`): the function mode is taken
+        # off the stack for it (when it is the innermost mode), so that they do not go through it at all (ReLU's
+        # F.relu is a Python-level torch function: its round trip through the mode cost more than the relu), and
+        # put back when the module's call ends (the hook runs also when the forward raises: ``always_call``)
+        popped = self._popped
+
         def enter(module: nn.Module, args: tuple) -> None:
             if self.acting():
                 self.depth += 1
+                popped.append(self._pop_mode())
 
         def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
             if not self.acting():
                 return None
             self.depth -= 1
-            return self._module_call(name, module, args, output)
+            try:
+                return self._module_call(name, module, args, output)
+            finally:
+                if popped and popped.pop():
+                    _stack_push(self._mode)
 
         selection = Selection(watched)  # resolved here: the hooks go on without walking the model twice more
         self._handles += self.hooks.forward_pre(selection, enter)
@@ -147,7 +174,27 @@ class RuleEngine:
         self._handles += self.hooks.forward_pre(selection, enter)
         self._handles += self.hooks.forward(selection, leave, with_name=True, always_call=True)
 
+    def _pop_mode(self) -> bool:
+        """Take the engine's function mode off the thread's stack if it is the innermost mode; whether it was."""
+        depth = _stack_len()
+        if self._mode is None or not depth or _stack_at(depth - 1) is not self._mode:
+            return False
+        _stack_pop()
+        return True
+
     def _module_call(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+        # The rule and the engine's own reads (requires_grad, register_hook) run with the engine's function mode off
+        # the stack when it is the innermost mode (as it is in a module hook of the pass): with it on, each of them
+        # went through the mode's __torch_function__, which lets it pass anyway (`depth` is above zero while a rule
+        # runs): three round trips per ReLU call for GuidedBackprop, none of them doing anything
+        if not self._pop_mode():
+            return self._module_call_body(name, module, args, output)
+        try:
+            return self._module_call_body(name, module, args, output)
+        finally:
+            _stack_push(self._mode)
+
+    def _module_call_body(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
         self._recorder.module_calls[name] += 1
         rule = self._rules.get(id(module))
         if rule is None:
