@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from ...hooks import HookManager
+from ...hooks import HookManager, Selection
 from ..cam_layer import is_attention_module
 from ..rules import RuleEngine
 
@@ -69,6 +69,7 @@ class AttentionCheck:
                     first = first[0]
                 self.leave(name, module, depends(first))
 
-        if any(attention(n, m) for n, m in model.named_modules()):
-            hooks.forward_pre(attention, enter, with_name=True)
-            hooks.forward(attention, leave, with_name=True)
+        found = Selection([(n, m) for n, m in model.named_modules() if attention(n, m)])  # one walk for both hooks
+        if found:
+            hooks.forward_pre(found, enter, with_name=True)
+            hooks.forward(found, leave, with_name=True)

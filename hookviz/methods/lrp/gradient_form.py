@@ -227,6 +227,7 @@ class GradientFormRun:
     def table(self) -> RuleTable:
         if self.ops is None:
             return self.layers.add_entries(RuleTable(uncovered=uncovered))
+        active = self._active
         comp = self.composite
         ops = self.ops
 
@@ -340,8 +341,10 @@ class GradientFormRun:
             name = uncovered(func, args, kwargs)
             return None if name in _EXACT_AS_GRADIENT else name
 
+        # lxt's rules (every stabilizer 0): linear layers, sums and pooling are their plain gradients, and every
+        # operation the table names is covered, so the engine's function mode passes other calls after one look-up
         table = (
-            RuleTable(uncovered=unruled)
+            RuleTable(uncovered=unruled if active else None)
             .modules(is_output, owned("linear (output rows)", output_rows))
             .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
@@ -355,10 +358,12 @@ class GradientFormRun:
             .functions(_NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
             .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
-            .functions({F.linear: "F.linear"}, owned("linear", linear))
-            .functions(ADD_FUNCTIONS, owned("sum", broadcast_sum))
         )
+        if not active:
+            return table
         # what is left: linear layers, sums of branches, pooling, affine maps by a constant (`layers`)
+        table.functions({F.linear: "F.linear"}, owned("linear", linear))
+        table.functions(ADD_FUNCTIONS, owned("sum", broadcast_sum))
         return self.layers.add_entries(table, hooked=conv1d)
 
     # -- shares of products ---------------------------------------------------------------------------------------
@@ -404,8 +409,16 @@ class GradientFormRun:
         a, b = args
         if self._active and self.ops is not None:
             mul = call.op in MUL_FUNCTIONS
-            if shares is None and not self._linear_product(a, b, mul):
-                return call.op(*args)
+            if shares is None:
+                if not (self.reach.depends(a) or self.reach.depends(b)):
+                    return call.op(*args)
+                if mul:
+                    # scaling by a constant (rotary's cos and sin) passes relevance unchanged, its own gradient;
+                    # broadcast beyond the factor's shape, a linear map: LRP-epsilon (the product rule's factor)
+                    out = call.op(*args)
+                    x = a if self.reach.depends(a) else b
+                    if out.shape == x.shape:
+                        return out
             if call.op is Tensor.__rmatmul__:
                 a, b = b, a
                 shares = None if shares is None else (shares[1], shares[0])
@@ -416,19 +429,10 @@ class GradientFormRun:
             return _HalfProduct.apply(a, b)
         return call.op(*(_share(t, w) for t, w in zip(args, shares, strict=True)))
 
-    def _linear_product(self, a: object, b: object, mul: bool) -> bool:
-        """Whether a product of which at most one factor depends on the input takes LRP-epsilon (a linear map: a
-        matrix product with a constant, an elementwise product broadcast beyond the factor); scaling by a constant,
-        ``x * c`` shaped like x, passes relevance unchanged (its own gradient), as in the relevance form."""
-        da, db = self.reach.depends(a), self.reach.depends(b)
-        if not (da or db):
-            return False
-        if not mul:
-            return True
-        x, c = (a, b) if da else (b, a)
-        assert isinstance(x, Tensor)
-        shape = c.shape if isinstance(c, Tensor) else ()
-        return isinstance(c, Tensor) and torch.broadcast_shapes(x.shape, shape) != x.shape
+    def _linear_product(self, a: object, b: object) -> bool:
+        """Whether a matrix product of which at most one factor depends on the input takes LRP-epsilon (a linear map
+        with a constant); False where neither depends."""
+        return self.reach.depends(a) or self.reach.depends(b)
 
     def _einsum(self, call: Call) -> Any:
         args = call.args
@@ -439,7 +443,7 @@ class GradientFormRun:
             return NotImplemented
         shares = self._shares(*operands)
         if self._active and self.ops is not None:
-            if shares is None and not self._linear_product(*operands, mul=False):
+            if shares is None and not self._linear_product(*operands):
                 return NotImplemented
             return self.ops.product(call.name, *operands, "einsum:" + args[0], shares=shares)
         if shares is None:
@@ -456,7 +460,7 @@ class GradientFormRun:
             # beta c + alpha (a @ b): the product rule on the product, the sum rule on the sum (c absorbs its share)
             ops = self.ops
             c, a, b = bound["input"], bound["batch1"], bound["batch2"]
-            if shares is None and not self._linear_product(a, b, mul=False):
+            if shares is None and not self._linear_product(a, b):
                 return NotImplemented
             beta, alpha = call.kwargs.get("beta", 1), call.kwargs.get("alpha", 1)
             z = ops.product(f"{call.name} @", a, b, "matmul", float(alpha), shares=shares)
