@@ -174,7 +174,9 @@ class GradientFormRun:
         self.counts: Counter[str] = Counter()
         # the layer rules (`layers`): the whole table where the composite has no transformer rules; linear layers,
         # sums of branches, pooling and affine maps of the transformer composites
-        self.layers = LayerRules(model, composite, canonize, self.reach, self.entry, n)
+        self._layer_args = (canonize, n)
+        self._layers: LayerRules | None = None  # made where used: lxt's rules (stabilizers 0) need none
+        self._leaf: Tensor | None = None
         transformer = composite.transformer
         self.transformer = transformer is not None
         self.cp = transformer is not None and transformer.softmax.hold
@@ -206,11 +208,21 @@ class GradientFormRun:
     @property
     def sink(self) -> Tensor | None:
         """Where the first layer's relevance on the explained input went whole (`layer_fn`), or None."""
-        return self.layers.sink
+        return None if self._layers is None else self._layers.sink
 
     def set_leaf(self, leaf: Tensor) -> None:
         """The explained input, before the forward pass."""
-        self.layers.leaf = leaf
+        self._leaf = leaf
+        if self._layers is not None:
+            self._layers.leaf = leaf
+
+    @property
+    def layers(self) -> LayerRules:
+        if self._layers is None:
+            canonize, n = self._layer_args
+            self._layers = LayerRules(self.model, self.composite, canonize, self.reach, self.entry, n)
+            self._layers.leaf = self._leaf
+        return self._layers
 
     def _rule_layer(self, name: str, rule: LinearRule, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         """``F.linear`` with a linear rule other than LRP-epsilon (gamma on a transformer's linear layers)."""
@@ -308,6 +320,8 @@ class GradientFormRun:
             if not (isinstance(h, Tensor) and isinstance(call.output, Tensor) and self.reach.depends(h)):
                 return None
             assert out_layer is not None
+            if not self._active:
+                return rows_reached(h, out_layer, call.output)
             rule = self.layers.rule_for(out_layer)
             if isinstance(rule, LinearRule) and not isinstance(rule, Epsilon):
                 return self.layers.module_rule(call.name, out_layer, call.args, call.output)
@@ -664,6 +678,6 @@ class GradientFormRun:
             self.gate_keys.clear()
             self.norms.clear()
             self.reach.clear()
-            if self.layers is not None:
-                self.layers.clear()
+            if self._layers is not None:
+                self._layers.clear()
             self.coverage = engine.coverage
