@@ -71,11 +71,12 @@ class LRP(Attribution):
     operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
     raises `ValueError` before any work.
 
-    The CNN composites, and a transformer composite with zero stabilizers (``composite("attn-lrp", epsilon=0,
-    stabilizer=0)``: the unstabilised rules that `lxt` applies), run in gradient-times-input form
-    (`hookviz.methods.lrp.gradient_form`): one backward pass of modified gradients carrying relevance over
-    activation, the input times its gradient; the transformer composites with zero stabilizers are then one plain
-    backward pass and their audit holds the totals only (no per-layer entries).
+    Every named composite runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`): one backward pass
+    of modified gradients carrying relevance over activation, the input times its gradient, each stabilizer a factor
+    z / stab(z) on the gradient (`gradient_ops`); a transformer composite with zero stabilizers (``composite(
+    "attn-lrp", epsilon=0, stabilizer=0)``: the unstabilised rules that `lxt` applies) is then one plain backward
+    pass and its audit holds the totals only (no per-layer entries). A composite with rules of another kind runs in
+    the relevance form (`propagate`: each rule an autograd Function carrying R).
 
     Example::
 
@@ -126,8 +127,7 @@ class LRP(Attribution):
         self._tap = None if layer is None else LayerTap(model, layer, layer_input=layer_input)
         self.composite = comp
         self.canonize = canonize
-        # the transformer composites with zero stabilizers (lxt's unstabilised rules) are exact as one plain backward
-        # pass in gradient-times-input form: the same map at the gradient's cost (`gradient_form`)
+        # every rule the gradient-times-input form carries (`gradient_form`): one backward pass of modified gradients
         self._gradient_form = gradient_form_allowed(comp)
         self.audit: RelevanceAudit | None = None
         self.rule_coverage: Coverage | None = None
@@ -160,7 +160,7 @@ class LRP(Attribution):
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        # zero stabilizers: one plain backward pass in gradient-times-input form (`gradient_form`)
+        # one backward pass in gradient-times-input form (`gradient_form`), else the relevance form (`propagate`)
         run = (
             GradientFormRun(self.model, self.composite, hooks, self.canonize, x.shape[0])
             if self._gradient_form
