@@ -1,0 +1,7 @@
+"""Sparse autoencoders (`SAE`) on any layer: training on activations streamed through hooks (`train_sae`),
+evaluation (`evaluate_sae`), splicing into the model with the error term (`splice`), attribution to latents
+(`latent_attribution`) and steering (`steer`, `ablate_latent`, `scale_latent`)."""
+
+from .sae import ACTIVATIONS, SAE, SAEConfigError
+
+__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError"]
