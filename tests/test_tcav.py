@@ -184,11 +184,13 @@ def test_scores_equal_captum_tcav_with_fixed_cavs(tmp_path) -> None:
 # ---------------------------------------------------------------------------------------------------------- CAVs
 
 
-def _logistic_reference(pos: Tensor, neg: Tensor, l2: float) -> Tensor:
-    """The same objective solved in the primal with L-BFGS in float64 (the documented centring and scaling)."""
+def _logistic_reference(pos: Tensor, neg: Tensor, l2: float, rescale: bool = True) -> Tensor:
+    """The same objective solved in the primal with L-BFGS in float64 (the documented centring and scaling; with
+    rescale=False the examples are taken as already scaled: the shift is absorbed by the intercept)."""
     x = torch.cat([pos, neg]).double()
     x = x - x.mean(0)
-    x = x / x.square().sum(1).mean().sqrt()
+    if rescale:
+        x = x / x.square().sum(1).mean().sqrt()
     y = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).double()
     w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
@@ -219,6 +221,33 @@ def test_logistic_cav_separates_separable_data_and_matches_primal_solution() -> 
     # a stronger regularisation is solved as exactly
     v2 = train_cavs(acts, rows_p, rows_n, kind="logistic", l2=0.5)[0]
     assert float(v2.double() @ _logistic_reference(pos, neg, 0.5)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_logistic_cavs_of_shared_sets_match_primal_solution_each() -> None:
+    # the problems as TCAV poses them: concepts and null sets against shared random sets, of several sizes, rows
+    # shared between sets; each CAV from its own Gram blocks equals the float64 primal solution of its problem,
+    # scaled by the statistics of all rows of `acts` (the documented centring and scaling)
+    g = _gen(2)
+    acts = torch.randn(60, 12, generator=g) * 2 + torch.linspace(-1, 3, 12)
+    acts[:18, :3] += 1.5  # the concepts sit a little apart
+    concepts = [torch.arange(0, 6), torch.arange(6, 12), torch.arange(12, 18)]
+    randoms = [
+        torch.arange(20, 28),
+        torch.arange(24, 32),
+        torch.tensor([40, 41, 42, 43, 44, 45, 46, 5]),
+        torch.arange(50, 60),
+    ]
+    pos = [c for c in concepts for _ in range(2)] + [randoms[2], randoms[3]]
+    neg = [randoms[j] for _ in concepts for j in range(2)] + [randoms[0], randoms[1]]
+    l2 = 0.05
+    cavs = train_cavs(acts, pos, neg, kind="logistic", l2=l2)
+    x = acts.double() - acts.double().mean(0)
+    scale = float(x.square().sum(1).mean().sqrt())
+    for i, (p, q) in enumerate(zip(pos, neg, strict=True)):
+        ref = _logistic_reference(acts[p].double() / scale, acts[q].double() / scale, l2, rescale=False)
+        assert float(cavs[i].double() @ ref) == pytest.approx(1.0, abs=1e-6)
+        alone = train_cavs(acts, [p], [q], kind="logistic", l2=l2)[0]
+        torch.testing.assert_close(cavs[i], alone, rtol=0, atol=1e-6)
 
 
 def test_mean_cav_is_normalised_mean_difference_and_batches_agree() -> None:

@@ -11,8 +11,10 @@ concept's activations from those of a random set, pointing towards the concept. 
   same at every layer). It is solved by Newton's method in the span of the training activations (w = sum_i alpha_i
   x_i, the representer theorem: the minimiser of an L2-regularised linear loss lies there), full-batch steps until
   no coefficient moves (at most `steps`): (n + 1) unknowns per CAV for n examples, whatever the layer's width, all
-  CAVs of one size solved as one batch. The Gram matrix comes from float32 products, the Newton systems are solved
-  in float64. Deterministic: no sampling, no train/test split (captum's default holds a third of the examples out
+  CAVs of one size solved as one batch. Only the Gram blocks a CAV uses are computed: each example set's own block
+  once, and the block between a set and each set it is contrasted with (one matrix product per group of sets sharing
+  their partners: the concepts against all random sets at once), from float32 products; the Newton systems are
+  solved in float64. Deterministic: no sampling, no train/test split (captum's default holds a third of the examples out
   to report an accuracy; here every example trains the CAV).
 - ``"mean"``: the difference of the concept's and the random set's mean activations (the "fast CAV" of captum
   issue #1619; the direction of a nearest-centroid classifier).
@@ -56,53 +58,107 @@ def train_cavs(
     positives: each CAV's concept examples as int64 rows of `acts`, a (P, n_pos) tensor or P 1-D tensors (sizes may
     differ); negatives: those of its counter-examples (a row may appear in both: random sets drawn from one pool can
     overlap). CAV p points from the negatives towards the positives. For ``"logistic"``, `steps` Newton steps are
-    taken (or fewer, once no coefficient of any problem moves by more than 1e-10 relative). The activations are
-    centred and scaled once, the Gram matrix of all M rows computed once (float32 products, float64 solves), and
-    problems of one size solved as one batch.
+    taken (or fewer, once no coefficient of any problem moves by more than 1e-10 relative). The work is per example
+    set, not per row of `acts`: the sets are told apart by their rows, each set's activations gathered (centred and
+    scaled by the statistics of all M rows) once, and only the Gram blocks the problems use computed; problems of
+    one size are solved as one batch.
     """
     if kind not in CAV_KINDS:
         raise ValueError(f"cav must be one of {', '.join(repr(k) for k in CAV_KINDS)}, got {kind!r}")
     pos, neg = list(positives), list(negatives)
     if len(pos) != len(neg):
         raise ValueError(f"positives and negatives must describe as many CAVs, got {len(pos)} and {len(neg)}")
-    work = _work_dtype(acts.device)
     x = acts if acts.dtype == torch.float64 else acts.float()
-    x = x - x.mean(0)
-    x = x / x.square().sum(1).mean().sqrt().clamp_min(_EPS)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (p, q) in enumerate(zip(pos, neg, strict=True)):
-        groups.setdefault((p.shape[0], q.shape[0]), []).append(i)
-    gram = (x @ x.T).to(work) if kind == "logistic" else None  # every problem's Gram matrix is a block of it
-    # w = sum_i coef_i x_i for each problem: the coefficients scattered into (P, M) rows, then one matmul
-    weights = torch.zeros(len(pos), x.shape[0], dtype=work, device=x.device)
-    for (n_pos, n_neg), members in groups.items():
-        rows = torch.stack([torch.cat([pos[i], neg[i]]) for i in members]).to(x.device)
-        if gram is None:
-            coef = torch.cat([torch.full((n_pos,), 1.0 / n_pos), torch.full((n_neg,), -1.0 / n_neg)])
-            coef = coef.to(device=x.device, dtype=work).expand(len(members), -1).contiguous()
-        else:
-            coef = _logistic_coefficients(gram, rows, n_pos, l2, steps)
-        index = torch.tensor(members, device=x.device)
-        weights[index] = weights[index].scatter_add(1, rows, coef)
-    cavs = weights.to(x.dtype) @ x
+    # each problem as a pair of example sets: (P, 2) indices into `sets`; TCAV contrasts 10 concepts and 20 null sets
+    # with the same 20 random sets, so 30 + 20 sets describe its 220 problems of a layer
+    sets: list[Tensor] = []
+    seen: dict[tuple[int, ...], int] = {}
+    pairs: list[tuple[int, int]] = []
+    for p, q in zip(pos, neg, strict=True):
+        ids = []
+        for rows in (p, q):
+            key = tuple(rows.tolist())
+            if key not in seen:
+                seen[key] = len(sets)
+                sets.append(rows.to(device=x.device, dtype=torch.long))
+            ids.append(seen[key])
+        pairs.append((ids[0], ids[1]))
+    if kind == "mean":
+        # the direction of the difference of means depends neither on a shift nor on a common scale
+        means = torch.stack([x.index_select(0, rows).mean(0) for rows in sets])
+        a, b = torch.tensor(pairs, device=x.device).unbind(1)
+        cavs = means[a] - means[b]
+    else:
+        cavs = _logistic_cavs(x, sets, pairs, l2, steps)
     return (cavs / cavs.norm(dim=1, keepdim=True).clamp_min(_EPS)).to(torch.float32)
 
 
-def _logistic_coefficients(gram: Tensor, rows: Tensor, n_pos: int, l2: float, steps: int) -> Tensor:
-    """Per problem, alpha (P, n) with w = sum_i alpha_i x_rows[i], minimising the regularised logistic loss.
+def _logistic_cavs(x: Tensor, sets: list[Tensor], pairs: list[tuple[int, int]], l2: float, steps: int) -> Tensor:
+    """(P, D) unnormalised logistic CAVs, problem p separating set pairs[p][0] (label 1) from pairs[p][1]."""
+    work = _work_dtype(x.device)
+    # centred on the mean of all M rows and scaled by their root-mean-square norm, as one pass over a copy of
+    # `acts` would; the sets' rows are gathered once each and the M rows are read in chunks (no (M, D) copy)
+    mean = x.mean(0)
+    sq = sum((chunk - mean).square().sum() for chunk in x.split(1024))
+    scale = (sq / x.shape[0]).sqrt().clamp_min(_EPS)
+    xs = [(x.index_select(0, rows) - mean) / scale for rows in sets]
+    # the Gram blocks: a set with itself, and a set with the sets it is contrasted with; the sets sharing one list
+    # of partners are stacked, and their block with all of those partners is one matrix product (TCAV's concepts
+    # against its random sets: 500 x 1,000 rows, where the Gram matrix of every row would be 2,500 x 2,500)
+    own = [(s @ s.T).to(work) for s in xs]
+    partners: dict[int, list[int]] = {}
+    for a, b in pairs:
+        if b not in partners.setdefault(a, []):
+            partners[a].append(b)
+    by_partners: dict[tuple[int, ...], list[int]] = {}
+    for a, bs in partners.items():
+        by_partners.setdefault(tuple(bs), []).append(a)
+    cross: dict[tuple[int, int], Tensor] = {}
+    for bs, as_ in by_partners.items():
+        block = (torch.cat([xs[a] for a in as_]) @ torch.cat([xs[b] for b in bs]).T).to(work)
+        rows = block.split([xs[a].shape[0] for a in as_], 0)
+        for a, part in zip(as_, rows, strict=True):
+            for b, piece in zip(bs, part.split([xs[b].shape[0] for b in bs], 1), strict=True):
+                cross[a, b] = piece
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (a, b) in enumerate(pairs):
+        groups.setdefault((xs[a].shape[0], xs[b].shape[0]), []).append(i)
+    # w_p = alpha_p[:n_pos] x_a + alpha_p[n_pos:] x_b: each set's coefficient rows, applied in one product per set
+    coefs: list[list[tuple[int, Tensor]]] = [[] for _ in sets]
+    for (n_pos, _), members in groups.items():
+        k = torch.stack(
+            [
+                torch.cat([torch.cat([own[a], cross[a, b]], 1), torch.cat([cross[a, b].T, own[b]], 1)], 0)
+                for a, b in (pairs[i] for i in members)
+            ]
+        )
+        alpha = _logistic_coefficients(k, n_pos, l2, steps)
+        for i, row in zip(members, alpha, strict=True):
+            coefs[pairs[i][0]].append((i, row[:n_pos]))
+            coefs[pairs[i][1]].append((i, row[n_pos:]))
+    cavs = torch.zeros(len(pairs), x.shape[1], dtype=x.dtype, device=x.device)
+    for s, terms in zip(xs, coefs, strict=True):
+        if terms:
+            index = torch.tensor([i for i, _ in terms], device=x.device)
+            cavs.index_add_(0, index, torch.stack([c for _, c in terms]).to(x.dtype) @ s)
+    return cavs
 
-    With K the problem's Gram matrix, z = K alpha + b, r = sigmoid(z) - y (labels 1 / 0), s = sigmoid'(z), the
-    gradient in alpha is K (r / n + l2 alpha) and the Hessian K S K / n + l2 K; a Newton step solves the system
-    without the common factor K (which may be singular: n examples in fewer dimensions), a valid Newton step for w.
+
+def _logistic_coefficients(k: Tensor, n_pos: int, l2: float, steps: int) -> Tensor:
+    """Per problem, alpha (P, n) with w = sum_i alpha_i x_i, minimising the regularised logistic loss.
+
+    k: (P, n, n) each problem's Gram matrix, its n_pos positives first. With z = K alpha + b, r = sigmoid(z) - y
+    (labels 1 / 0), s = sigmoid'(z), the gradient in alpha is K (r / n + l2 alpha) and the Hessian K S K / n + l2 K;
+    a Newton step solves the system without the common factor K (which may be singular: n examples in fewer
+    dimensions), a valid Newton step for w.
     """
-    p, n = rows.shape
-    k = gram[rows[:, :, None], rows[:, None, :]]  # (P, n, n)
-    y = torch.zeros(p, n, dtype=gram.dtype, device=gram.device)
+    p, n, _ = k.shape
+    y = torch.zeros(p, n, dtype=k.dtype, device=k.device)
     y[:, :n_pos] = 1.0
-    alpha = torch.zeros(p, n, dtype=gram.dtype, device=gram.device)
-    bias = torch.zeros(p, dtype=gram.dtype, device=gram.device)
-    eye = torch.eye(n, dtype=gram.dtype, device=gram.device)
-    system = torch.empty(p, n + 1, n + 1, dtype=gram.dtype, device=gram.device)
+    alpha = torch.zeros(p, n, dtype=k.dtype, device=k.device)
+    bias = torch.zeros(p, dtype=k.dtype, device=k.device)
+    eye = torch.eye(n, dtype=k.dtype, device=k.device)
+    system = torch.empty(p, n + 1, n + 1, dtype=k.dtype, device=k.device)
     for _ in range(steps):
         z = (k @ alpha[:, :, None]).squeeze(2) + bias[:, None]
         prob = torch.sigmoid(z)
