@@ -3,5 +3,6 @@ evaluation (`evaluate_sae`), splicing into the model with the error term (`splic
 (`latent_attribution`) and steering (`steer`, `ablate_latent`, `scale_latent`)."""
 
 from .sae import ACTIVATIONS, SAE, SAEConfigError
+from .train import SAETraining, train_sae
 
-__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError"]
+__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError", "SAETraining", "train_sae"]
