@@ -3,6 +3,7 @@ evaluation (`evaluate_sae`), splicing into the model with the error term (`splic
 (`latent_attribution`) and steering (`steer`, `ablate_latent`, `scale_latent`)."""
 
 from .sae import ACTIVATIONS, SAE, SAEConfigError
+from .splice import SAESite, Spliced, splice
 from .train import SAETraining, train_sae
 
-__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError", "SAETraining", "train_sae"]
+__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError", "SAESite", "SAETraining", "Spliced", "splice", "train_sae"]
