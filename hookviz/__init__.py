@@ -7,7 +7,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .concepts import TCAV, TCAVResult
+from .concepts import CRP, TCAV, TCAVResult
 from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
 from .figures import grid, save_figure
@@ -118,6 +118,7 @@ __all__ = [
     "SanityReport",
     "ScoreCAM",
     "SmoothGrad",
+    "CRP",
     "TCAV",
     "TCAVResult",
     "Targets",

@@ -1,0 +1,9 @@
+"""CRP, Concept Relevance Propagation (Achtibat et al., 2023, Nature Machine Intelligence 5): relevance conditioned on
+channels, neurons or heads (`crp`, `conditions`), a concept's children (`graph`), RelMax / ActMax reference examples
+over a data set (`relmax`)."""
+
+from .conditions import Heads
+from .crp import CRP
+from .graph import Children
+
+__all__ = ["CRP", "Children", "Heads"]
