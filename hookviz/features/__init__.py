@@ -2,8 +2,20 @@
 evaluation (`evaluate_sae`), splicing into the model with the error term (`splice`), attribution to latents
 (`latent_attribution`) and steering (`steer`, `ablate_latent`, `scale_latent`)."""
 
+from .evaluate import SAEEvaluation, evaluate_sae
 from .sae import ACTIVATIONS, SAE, SAEConfigError
 from .splice import SAESite, Spliced, splice
 from .train import SAETraining, train_sae
 
-__all__ = ["ACTIVATIONS", "SAE", "SAEConfigError", "SAESite", "SAETraining", "Spliced", "splice", "train_sae"]
+__all__ = [
+    "ACTIVATIONS",
+    "SAE",
+    "SAEConfigError",
+    "SAEEvaluation",
+    "SAESite",
+    "SAETraining",
+    "Spliced",
+    "evaluate_sae",
+    "splice",
+    "train_sae",
+]

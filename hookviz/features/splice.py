@@ -118,7 +118,12 @@ def _known_width(module: nn.Module) -> int | None:
 
 @contextmanager
 def splice(
-    model: nn.Module, saes: Mapping[str, SAE], *, error_term: bool = True, freeze: bool = True
+    model: nn.Module,
+    saes: Mapping[str, SAE],
+    *,
+    error_term: bool = True,
+    freeze: bool = True,
+    name_sites: bool = True,
 ) -> Iterator[Spliced]:
     """Replace each named layer's output by its SAE's reconstruction (+ the error term) inside the ``with`` block.
 
@@ -129,6 +134,8 @@ def splice(
         error_term: add e = x - x̂ (the default: outputs equal the original model's); False: x̂ alone.
         freeze: the SAEs' parameters do not require grad inside the block (restored after), so that attribution
             computes no weight gradients for them.
+        name_sites: hang the latent and error modules on the model (False: they run unnamed, the module tree is
+            not touched, and a layer inside nested `nn.Sequential` modules only can be spliced too).
 
     Yields a `Spliced` (module docstring). Errors before anything changes: a layer that does not exist (with the
     closest names), a non-SAE, an SAE on another device than the model, a known width (Linear, Conv, Embedding,
@@ -158,6 +165,8 @@ def splice(
                 f"saes[{layer!r}] reads activations of width d_in = {sae.d_in}, but {layer!r} "
                 f"({type(module).__name__}) outputs width {width}"
             )
+        if not name_sites:
+            continue
         owner, prefix = _owner(model, layer)
         for what in (LATENTS, ERROR):
             if hasattr(owner, prefix + what):
@@ -168,8 +177,9 @@ def splice(
     owner_names = {id(m): n for n, m in names.items()}
     sites: dict[str, tuple[SAESite, SAESite]] = {}
     state = Spliced(dict(saes), error_term, {}, {})
-    for layer, (owner, prefix) in owners.items():
+    for layer in saes:
         sites[layer] = (SAESite(layer, "latents"), SAESite(layer, "error"))
+    for layer, (owner, prefix) in owners.items():
         base = owner_names[id(owner)]
         state.latent_sites[layer] = f"{base}.{prefix}{LATENTS}".lstrip(".")
         state.error_sites[layer] = f"{base}.{prefix}{ERROR}".lstrip(".")
