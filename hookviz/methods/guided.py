@@ -98,8 +98,9 @@ class ReLUCoverage:
         return "; ".join(parts)
 
 
-def _clamp_positive(grad: Tensor) -> Tensor:
-    return grad.clamp(min=0)
+# the tensor hook of the ReLU rules: the gradient clamped at zero. `Tensor.relu` itself (ATen's relu is clamp_min(0),
+# the same values as clamp(min=0)), not a Python function around it: the backward pass calls it without a Python frame
+_clamp_positive: Callable[[Tensor], Tensor] = Tensor.relu
 
 
 class ReLURuleAttribution(InputGradientAttribution):
@@ -145,6 +146,18 @@ class ReLURuleAttribution(InputGradientAttribution):
             .functions(OTHER_ACTIVATION_FUNCTIONS, other)
         )
 
+    def _table(self) -> RuleTable:
+        """`rule_table`, built once per setting of ``activations`` (and `needs_input`) and kept for later calls: it
+        depends on nothing else (the rules call `_rule` at each call), and its module look-ups are cached by type.
+        A subclass with a `rule_table` of its own gets a fresh one per call."""
+        if type(self).rule_table is not ReLURuleAttribution.rule_table:
+            return self.rule_table()
+        key = (self.activations, self.needs_input)
+        cached = self.__dict__.get("_cached_table")
+        if cached is None or cached[0] != key:
+            cached = self._cached_table = (key, self.rule_table())
+        return cached[1]
+
     def _forward_rules(self, hooks: HookManager) -> AbstractContextManager[None]:
         return self._rule_pass(hooks)
 
@@ -152,7 +165,7 @@ class ReLURuleAttribution(InputGradientAttribution):
     def _rule_pass(self, hooks: HookManager) -> Iterator[None]:
         """The rule engine around the forward pass; ``coverage`` set also when the pass raises. A pass that
         completes without any ReLU call raises `ValueError`: the result would silently be the plain gradient."""
-        engine = RuleEngine(self.model, hooks, self.rule_table(), method=type(self).__name__)
+        engine = RuleEngine(self.model, hooks, self._table(), method=type(self).__name__)
         try:
             with engine.forward_pass():
                 yield

@@ -150,11 +150,12 @@ class RuleEngine:
             if not self.acting():
                 return None
             self.depth -= 1
-            try:
+            if not popped or not popped.pop():
                 return self._module_call(name, module, args, output)
+            try:  # the mode is off the stack already
+                return self._module_call_body(name, module, args, output)
             finally:
-                if popped and popped.pop():
-                    _stack_push(self._mode)
+                _stack_push(self._mode)
 
         selection = Selection(watched)  # resolved here: the hooks go on without walking the model twice more
         self._handles += self.hooks.forward_pre(selection, enter)

@@ -85,6 +85,9 @@ class RuleTable:
         self.uncovered = uncovered
         self._modules: list[tuple[ModuleKey, Rule | None]] = []
         self._functions: dict[Callable[..., Any], tuple[str, Rule | None]] = {}
+        # module type -> its entry, where every module key is a class or a tuple of classes (the answer depends on
+        # the type alone); None where an instance or a predicate key makes it depend on the module and its name
+        self._by_type: dict[type, tuple[bool, Rule | None]] | None = {}
 
     def modules(self, key: ModuleKey, rule: Rule | None) -> RuleTable:
         """Map modules to `rule`: a module class or tuple of classes (subclasses match), one module instance, or a
@@ -101,6 +104,7 @@ class RuleTable:
             )
         _check_rule(rule)
         self._modules.append((key, rule))
+        self._by_type = {} if self._by_type is not None and isinstance(key, type | tuple) else None
         return self
 
     def functions(
@@ -120,6 +124,15 @@ class RuleTable:
     # -- look-ups (the engine's) -----------------------------------------------------------------------------------
     def module_entry(self, name: str, module: nn.Module) -> tuple[bool, Rule | None]:
         """(whether the table names this module, its rule or None)."""
+        by_type = self._by_type
+        if by_type is not None:
+            entry = by_type.get(type(module))
+            if entry is None:
+                entry = by_type[type(module)] = self._module_entry(name, module)
+            return entry
+        return self._module_entry(name, module)
+
+    def _module_entry(self, name: str, module: nn.Module) -> tuple[bool, Rule | None]:
         for key, rule in self._modules:
             if isinstance(key, nn.Module):
                 hit = key is module
