@@ -22,41 +22,11 @@ pool of shapes images, the null of ``--null``, Student t-test, Bonferroni over e
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 import hookviz as hv
-from hookviz.zoo import CLASSES, shapes, shapes_model, shapes_vit
-
-
-def _backgrounds(n: int, seed: int) -> torch.Tensor:
-    d = shapes(n, seed=seed)
-    size = d.images.shape[-1]
-    rolled = d.images.roll((size // 2, size // 2), dims=(2, 3))
-    return torch.where(d.masks[:, None], rolled, d.images)
-
-
-def _outlines(n: int, seed: int, kind: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    img = _backgrounds(n, seed)
-    size = img.shape[-1]
-    coords = torch.arange(size, dtype=torch.float32) + 0.5
-    radius = 9 + 7 * torch.rand(n, generator=g)
-    centre = radius[:, None] + 2 + torch.rand(n, 2, generator=g) * (size - 4 - 2 * radius[:, None])
-    dx = coords.view(1, 1, size) - centre[:, 0].view(-1, 1, 1)
-    dy = coords.view(1, size, 1) - centre[:, 1].view(-1, 1, 1)
-    r = radius.view(-1, 1, 1)
-    if kind == "round":
-        dist = (torch.sqrt(dx * dx + dy * dy) - r).abs() - 1.0
-    else:
-        th = (torch.rand(n, generator=g) * math.pi / 2).view(-1, 1, 1)
-        u, v = dx * torch.cos(th) + dy * torch.sin(th), dy * torch.cos(th) - dx * torch.sin(th)
-        dist = (torch.maximum(u.abs(), v.abs()) - r * 0.8).abs() - 1.0
-    alpha = (0.5 - dist).clamp(0, 1).unsqueeze(1)
-    mean = img.mean((2, 3), keepdim=True)
-    colour = torch.where(mean > 0.5, mean - 0.45, mean + 0.45).clamp(0, 1)
-    return img.lerp(colour.expand_as(img), alpha)
+from hookviz.zoo import CLASSES, shapes, shapes_concepts, shapes_model, shapes_vit
 
 
 def main() -> None:
@@ -71,14 +41,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     k = args.per_set
-    other = shapes(20 * k, seed=21)
-    concepts = {
-        "round outline": _outlines(k, 22, "round"),
-        "straight edges": _outlines(k, 23, "square"),
-        "circle shape": other.images[other.labels == CLASSES.index("circle")][:k],
-        "background": _backgrounds(k, 24),
-        "random images": shapes(k, seed=25).images,
-    }
+    concepts = shapes_concepts(k, seed=21)  # hookviz.zoo.concepts: the sets described above
     pool = shapes(2 * args.n_random * k, seed=26).images
     test = shapes(60 * k, seed=27)
     classes = [CLASSES.index(c) for c in ("ring", "circle", "square", "triangle")]

@@ -420,3 +420,73 @@ def test_evaluate_runs_methods_that_multiply_the_batch_in_chunks(monkeypatch, ca
     assert evaluate_cli(*args, "--batch-size", "8") == 0
     assert seen == {"SmoothGrad": 8, "ScoreCAM": 8, "GradCAM": None}
     assert capsys.readouterr().out.count("|") > 0
+
+
+# ------------------------------------------------------------------------------------------------ concepts tcav
+
+
+def concepts_fails(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(["concepts", "tcav", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hookviz concepts: error:") and err.count("\n") == 1, err
+    return err
+
+
+def test_concepts_tcav_demo_writes_table_figure_json_and_report(tmp_path, capsys) -> None:
+    import json
+
+    out, rep = tmp_path / "out", tmp_path / "rep"
+    args = ["--demo", "--per-set", "6", "--n-random", "2", "--out", str(out), "--report", str(rep)]
+    assert main(["concepts", "tcav", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "| ring | round outline | conv3 |" in printed and "wrote" in printed
+    data = json.loads((out / "tcav.json").read_text())
+    assert data["method"] == "TCAV" and data["layers"] == ["conv3", "features.4"] and data["n_random"] == 2
+    assert data["concepts"] == ["round outline", "straight edges", "circle shape", "background", "random images"]
+    assert sorted(r["class_name"] for r in data["rows"][::10]) == ["circle", "ring", "square", "triangle"]
+    assert len(data["rows"]) == 4 * 5 * 2 and {"p", "p_corrected", "significant"} <= set(data["rows"][0]["sign_count"])
+    md = (out / "tcav.md").read_text()
+    assert "## TCAV sign count" in md and "## TCAV magnitude" in md and "p corrected" in md
+    with Image.open(out / "tcav.png") as im:
+        assert im.size[0] > 400 and im.size[1] > 400
+    assert (rep / "index.html").is_file() and (rep / "concept" / "4.html").is_file()
+
+
+def test_concepts_tcav_on_folders_with_a_class_name_target(tmp_path, capsys) -> None:
+    import json
+
+    from hookviz.zoo import shapes, shapes_concepts
+
+    def folder(name: str, images: torch.Tensor) -> str:
+        (tmp_path / name).mkdir()
+        for i, x in enumerate(images):
+            Image.fromarray((x.permute(1, 2, 0) * 255).round().byte().numpy()).save(tmp_path / name / f"{i:02d}.png")
+        return str(tmp_path / name)
+
+    sets = shapes_concepts(5)
+    random, inputs = folder("random", shapes(12, seed=3).images), folder("inputs", shapes(6, seed=4).images)
+    args = ["--model", "shapes", "--layer", "conv3", "--concept", f"round={folder('round', sets['round outline'])}",
+            "--concept", f"bg={folder('bg', sets['background'])}", "--random", random, "--inputs", inputs,
+            "--target", "ring", "--n-random", "2", "--cav", "mean", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(["concepts", "tcav", *args]) == 0
+    data = json.loads((tmp_path / "out" / "tcav.json").read_text())
+    assert data["classes"] == [5] and data["concepts"] == ["round", "bg"] and data["cav"] == "mean"
+    assert {r["class_name"] for r in data["rows"]} == {"ring"}
+
+
+def test_concepts_tcav_errors_are_one_line_with_exit_code_2(tmp_path, capsys) -> None:
+    out = ["--out", str(tmp_path / "out")]
+    assert "--layer, --concept, --random, --inputs needed" in concepts_fails(capsys, "--model", "shapes", *out)
+    err = concepts_fails(capsys, "--demo", "--model", "torchvision:resnet18", *out)
+    assert "--demo runs on an embedded model" in err
+    assert "expected NAME=DIR" in concepts_fails(capsys, "--demo", "--concept", "round", *out)
+    assert "no such folder" in concepts_fails(capsys, "--demo", "--concept", f"a={tmp_path / 'nope'}", *out)
+    assert "--n-random: expected at least 2" in concepts_fails(capsys, "--demo", "--n-random", "1", *out)
+    err = concepts_fails(capsys, "--demo", "--per-set", "3", "--n-random", "2", "--layer", "conv9", *out)
+    assert "conv9" in err and "conv3" in err  # the closest names
+    assert "--target" in concepts_fails(capsys, "--demo", "--target", "hexagon", *out)
+    with pytest.raises(SystemExit) as exc:
+        main(["concepts"])
+    assert exc.value.code == 2

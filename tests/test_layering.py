@@ -39,6 +39,7 @@ LAYERS: list[str] = [
     # the shapes data set, its models and weights, the retrieval task and its language model (they use only the
     # foundation and images)
     "hookviz.zoo.data",
+    "hookviz.zoo.concepts",
     "hookviz.zoo.model",
     "hookviz.zoo.vit",
     "hookviz.zoo.retrieval",
@@ -68,6 +69,8 @@ LAYERS: list[str] = [
     # recorders and the gradient-flow monitor
     "hookviz.record",
     "hookviz.interventions.*",
+    # sparse autoencoders on any layer: training through hooks, splicing, attribution to latents (issue 37)
+    "hookviz.features.*",
     "hookviz.flow.kernels",
     "hookviz.flow.layout",
     "hookviz.flow.watch",
@@ -122,6 +125,7 @@ LAYERS: list[str] = [
     "hookviz.cli.evaluate",
     "hookviz.cli.features",
     "hookviz.cli.generation",
+    "hookviz.cli.concepts",
     "hookviz.cli.app",
     "hookviz.cli",
     "hookviz.cli.__main__",

@@ -577,3 +577,18 @@ def test_table_dict_and_figure() -> None:
     assert ax.get_ylabel() == "TCAV magnitude"
     with pytest.raises(ValueError, match="score must be one of"):
         res.table("mean")  # type: ignore[arg-type]
+
+
+def test_shapes_concepts_are_deterministic_images_of_what_they_say() -> None:
+    from hookviz.zoo import CONCEPT_NAMES, shapes, shapes_concepts
+
+    sets = shapes_concepts(4, seed=3)
+    assert tuple(sets) == CONCEPT_NAMES
+    for name, x in sets.items():
+        assert x.shape == (4, 3, 64, 64) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1, name
+        assert torch.equal(x, shapes_concepts(4, seed=3)[name])
+    other = shapes(80, seed=3)
+    torch.testing.assert_close(sets["circle shape"], other.images[other.labels == 0][:4], rtol=0, atol=0)
+    torch.testing.assert_close(sets["random images"], shapes(4, seed=7).images, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="n"):
+        shapes_concepts(1)

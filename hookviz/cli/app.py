@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from . import dataset, demo, evaluate, explain, features, generation, report
+from . import concepts, dataset, demo, evaluate, explain, features, generation, report
 from .common import UsageError
 
 
@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # one entry per command: its module's add_parser adds the subcommand (a new command plugs in with one line)
-COMMANDS = (demo, explain, dataset, evaluate, features, generation, report)
+COMMANDS = (demo, explain, dataset, evaluate, features, generation, report, concepts)
 
 
 def _parser() -> argparse.ArgumentParser:
