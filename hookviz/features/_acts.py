@@ -14,6 +14,27 @@ from .._device import to_device
 Select = Callable[[Tensor], Tensor]
 
 
+def first_tensor(output: Any) -> Tensor | None:
+    """A module's output tensor: the output itself, or the first element of a tuple / list output."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
+        return output[0]
+    return None
+
+
+def rebuild(output: Any, tensor: Tensor) -> Any:
+    """`output` with its tensor (or first element) replaced by `tensor`, its other elements kept."""
+    if isinstance(output, Tensor):
+        return tensor
+    rest = list(output[1:])
+    if isinstance(output, list):
+        return [tensor, *rest]
+    if hasattr(output, "_fields"):  # a namedtuple
+        return type(output)(tensor, *rest)
+    return type(output)((tensor, *rest))
+
+
 class _Stop(Exception):
     """Raised by the capture hook once the layer has run: the rest of the forward is not needed."""
 

@@ -30,8 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import HookManager, select_modules
-from ..interventions.intervene import _first, _rebuild
-from ._acts import model_device
+from ._acts import first_tensor, model_device, rebuild
 from .sae import SAE
 
 __all__ = ["LATENTS", "ERROR", "Spliced", "splice"]
@@ -186,7 +185,7 @@ def splice(
 
     def on_forward(name: str, module: nn.Module, args: Any, output: Any) -> Any:
         sae = saes[name]
-        x = _first(output)
+        x = first_tensor(output)
         if x is None:
             raise TypeError(f"{name!r} returned {type(output).__name__}: splice needs a tensor (or a tuple of them)")
         channels_first = x.dim() == 4
@@ -220,7 +219,7 @@ def splice(
         state.reconstructions[name] = _back(x_hat.detach(), channels_first)
         state.inputs[name] = x.detach()
         out = _back(out.to(x.dtype), channels_first)
-        return _rebuild(output, out)
+        return rebuild(output, out)
 
     flags = [(p, p.requires_grad) for sae in saes.values() for p in sae.parameters()]
     added: list[tuple[nn.Module, str]] = []

@@ -46,8 +46,7 @@ from .._checks import number_at_least, positive_int
 from .._progress import progress_bar
 from ..hooks import HookManager
 from ..interventions._common import parse_key, prepared
-from ..interventions.intervene import _first
-from ._acts import Select, _Stop, batches, model_device, model_inputs, rows_of
+from ._acts import Select, _Stop, batches, first_tensor, model_device, model_inputs, rows_of
 from .sae import SAE
 
 __all__ = ["SAETraining", "train_sae"]
@@ -245,7 +244,7 @@ def train_sae(
     mask_box: list[Tensor | None] = [None]
 
     def capture(module: nn.Module, args: Any, output: Any) -> None:
-        tensor = _first(output)
+        tensor = first_tensor(output)
         if tensor is None:
             raise TypeError(f"{name!r} returned {type(output).__name__}, not a tensor (or a tuple starting with one)")
         captured.append(rows_of(tensor.detach(), select, mask_box[0], name).float())
