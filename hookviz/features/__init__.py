@@ -2,6 +2,7 @@
 evaluation (`evaluate_sae`), splicing into the model with the error term (`splice`), attribution to latents
 (`latent_attribution`) and steering (`steer`, `ablate_latent`, `scale_latent`)."""
 
+from .attribution import LatentAttribution, latent_attribution
 from .evaluate import SAEEvaluation, evaluate_sae
 from .sae import ACTIVATIONS, SAE, SAEConfigError
 from .splice import SAESite, Spliced, splice
@@ -9,6 +10,7 @@ from .train import SAETraining, train_sae
 
 __all__ = [
     "ACTIVATIONS",
+    "LatentAttribution",
     "SAE",
     "SAEConfigError",
     "SAEEvaluation",
@@ -16,6 +18,7 @@ __all__ = [
     "SAETraining",
     "Spliced",
     "evaluate_sae",
+    "latent_attribution",
     "splice",
     "train_sae",
 ]
