@@ -6,6 +6,7 @@ from .attribution import LatentAttribution, latent_attribution
 from .evaluate import SAEEvaluation, evaluate_sae
 from .sae import ACTIVATIONS, SAE, SAEConfigError
 from .splice import SAESite, Spliced, splice
+from .steer import ablate_latent, scale_latent, steer
 from .train import SAETraining, train_sae
 
 __all__ = [
@@ -17,8 +18,11 @@ __all__ = [
     "SAESite",
     "SAETraining",
     "Spliced",
+    "ablate_latent",
     "evaluate_sae",
     "latent_attribution",
+    "scale_latent",
     "splice",
+    "steer",
     "train_sae",
 ]
