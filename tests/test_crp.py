@@ -374,3 +374,122 @@ def test_model_and_process_restored(ending: str) -> None:
             if handle is not None:
                 handle.remove()
         check_untouched(model, x, snap, grad_enabled=False)
+
+
+# ------------------------------------------------------------------------------------------ transformers at large
+@pytest.mark.filterwarnings("ignore:LRP. operations that no rule covers")  # LRP(layer=)'s own, before the layer
+def test_torchvision_vit_and_zoo_vit_neurons_and_heads() -> None:
+    from torchvision.models import VisionTransformer
+
+    from hookviz.zoo.vit import ShapesViT
+
+    torch.manual_seed(7)
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                           num_classes=4).double().eval()  # fmt: skip
+    x = torch.rand(2, 3, 32, 32, dtype=torch.float64)
+    for comp in ("attn-lrp", "cp-lrp"):
+        crp = hv.CRP(tv, comp)
+        layer = "encoder.layers.encoder_layer_1.mlp.1"  # the GELU: 32 neurons per token
+        maps = crp.attribute(x, 1, conditions=[{layer: c} for c in range(32)])
+        close(maps.sum(1), crp.attribute(x, 1, conditions={layer: list(range(32))}))
+        shares = crp.concept_relevance(x, 1, layer)
+        assert shares.shape == (2, 32)
+        # the neurons' shares: the relevance through the MLP at its hidden layer, as LRP measures it there
+        at = hv.LRP(tv, comp, layer=layer).attribute(x, 1)
+        close(shares.sum(1), at.flatten(1).sum(1))
+    vit = ShapesViT(4, dim=16, depth=1, heads=2, size=32).double().eval()
+    crp = hv.CRP(vit, "attn-lrp")
+    heads = crp.attribute(x, 0, conditions=[{"blocks.0.attn": Heads(h)} for h in range(2)])
+    close(heads.sum(1), crp.attribute(x, 0, conditions={"blocks.0.attn": Heads([0, 1])}))
+    assert crp.concept_relevance(x, 0, "blocks.0.attn", heads=2).shape == (2, 2)
+
+
+# ----------------------------------------------------------------------------------------------------- RelMax
+class Items(torch.utils.data.Dataset):
+    """(image, label) items; ``fail_at``: the item whose read raises once (a run killed in the middle)."""
+
+    def __init__(self, images: Tensor, labels: Tensor, fail_at: int | None = None) -> None:
+        self.images, self.labels, self.fail_at = images, labels, fail_at
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        if i == self.fail_at:
+            self.fail_at = None
+            raise KeyboardInterrupt("killed")
+        return self.images[i], self.labels[i]
+
+
+def brute_top(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top k per column of (N, C) scores over all N at once, ties by the lower index: (C, k) indices and scores."""
+    order = torch.argsort(scores.T.double(), dim=1, descending=True, stable=True)[:, :k]
+    return order, scores.T.double().gather(1, order)
+
+
+@pytest.mark.parametrize("target", [None, "label"])
+def test_relmax_equals_brute_force_resumed_and_sharded(tmp_path, target) -> None:
+    torch.manual_seed(8)
+    m = SmallCNN().eval()
+    images = torch.randn(37, 2, 6, 6)
+    labels = torch.randint(0, 3, (37,))
+    crp = hv.CRP(m, "epsilon-plus")
+    k, chans = 5, [0, 2, 3]
+    # brute force: every item's channel relevance and largest activation at once
+    t = labels if target == "label" else m(images).argmax(1)
+    rel = crp.concept_relevance(images, t, "conv2")[:, chans]
+    act = m.conv2(m.relu1(m.conv1(images))).detach().amax((2, 3))[:, chans]
+    run = dict(k=k, channels=chans, target=target, batch_size=4, shard_size=10)
+    one = crp.relmax(Items(images, labels), "conv2", tmp_path / "one", **run)
+    for top, scores in ((one.relevance, rel), (one.activation, act)):
+        idx, sc = brute_top(scores, k)
+        assert torch.equal(top.indices, idx)
+        # per-item passes vs one batch of 37: float32 sums in another order, 1e-6 of the scores' size
+        assert torch.allclose(top.scores, sc, rtol=1e-5, atol=1e-6 * sc.abs().max().item())
+    assert torch.equal(one.relevance.targets, t[one.relevance.indices])
+    assert one.relevance_crops.shape == (3, k, 2, 48, 48) and one.complete
+    # killed while reading item 25 (shards 0 and 1 saved), started again: the same lists
+    with pytest.raises(KeyboardInterrupt):
+        crp.relmax(Items(images, labels, fail_at=25), "conv2", tmp_path / "again", **run)
+    again = crp.relmax(Items(images, labels), "conv2", tmp_path / "again", **run)
+    for a, b in ((again.relevance, one.relevance), (again.activation, one.activation)):
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.scores, b.scores)
+    # two ranks into one folder: rank 0 alone is incomplete; once rank 1 is in, the merged lists are one run's
+    part = crp.relmax(Items(images, labels), "conv2", tmp_path / "shards", rank=0, world_size=2, **run)
+    assert not part.complete and part.relevance_crops is None
+    both = crp.relmax(Items(images, labels), "conv2", tmp_path / "shards", rank=1, world_size=2, **run)
+    assert both.complete
+    for a, b in ((both.relevance, one.relevance), (both.activation, one.activation)):
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.scores, b.scores)
+    # another setting on the same folder is refused, the difference named
+    with pytest.raises(ValueError, match="other settings.*'k': \\(5, 4\\)"):
+        crp.relmax(Items(images, labels), "conv2", tmp_path / "one", **{**run, "k": 4})
+    with pytest.raises(ValueError, match="channels: \\[0, 9\\] out of range"):
+        crp.relmax(Items(images, labels), "conv2", tmp_path / "bad", **{**run, "channels": [0, 9]})
+
+
+def test_relmax_crops_and_figure(tmp_path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    torch.manual_seed(9)
+    m = SmallCNN().eval()
+    images = torch.zeros(6, 2, 6, 6)
+    images[:, :, 1:3, 2:4] = torch.rand(6, 2, 2, 2) + 0.5  # the content in one corner: the crops find it
+    crp = hv.CRP(m, "epsilon")
+    res = crp.relmax(images, "conv2", tmp_path, k=3, crop_size=8, fraction=0.5)
+    box = res.activation_boxes
+    # the receptive field of one conv2 unit is 5x5 input pixels (two 3x3 convolutions); its gradient reaches at most
+    # that (less where a ReLU between is off)
+    sizes = torch.stack([box[..., 2] - box[..., 0], box[..., 3] - box[..., 1]])
+    assert bool((sizes <= 5).all()) and bool((sizes >= 1).all())
+    # relevance is input x gradient: none on the zero background, so where a concept has positive relevance (its
+    # score > 0) the heat map's box is inside the content; a concept with none there gets the whole image
+    rb = res.relevance_boxes
+    inside = (rb[..., 0] >= 1) & (rb[..., 2] <= 3) & (rb[..., 1] >= 2) & (rb[..., 3] <= 4)
+    whole = (rb == torch.tensor([0, 0, 6, 6])).all(-1)
+    positive = res.relevance.scores > 0
+    assert bool(inside[positive].all()) and bool((inside | whole).all()) and bool(positive.any())
+    fig = res.figure("relevance")
+    assert len(fig.axes) == 4 * 3
+    fig.savefig(tmp_path / "relmax.png")

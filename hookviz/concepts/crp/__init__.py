@@ -5,5 +5,6 @@ over a data set (`relmax`)."""
 from .conditions import Heads
 from .crp import CRP
 from .graph import Children
+from .relmax import ReferenceExamples, TopK, relmax
 
-__all__ = ["CRP", "Children", "Heads"]
+__all__ = ["CRP", "Children", "Heads", "ReferenceExamples", "TopK", "relmax"]

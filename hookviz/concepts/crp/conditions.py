@@ -95,6 +95,13 @@ class Site:
             moved = moved.unflatten(-1, (self.heads, -1)).sum(-1)
         return moved.reshape(r.shape[0], -1, moved.shape[-1]).sum(1)
 
+    def per_channel_max(self, t: Tensor) -> Tensor:
+        """(N, ...) activation at the site -> (N, C): each channel's largest value (ActMax's score)."""
+        moved = t.detach().movedim(self.channel_axis(t), -1)
+        if self.heads:
+            moved = moved.unflatten(-1, (self.heads, -1)).movedim(-1, -2).flatten(-3, -2)
+        return moved.reshape(t.shape[0], -1, moved.shape[-1]).amax(1)
+
 
 Condition = dict[str, Tensor]  # site name -> channel indices (1-D int64)
 

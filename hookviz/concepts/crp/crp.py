@@ -42,6 +42,7 @@ from ...methods.lrp.rules import ZBox, check_bound
 from ...targets import Targets, check_target, resolve_targets
 from .conditions import Condition, Heads, Site, check_channels, parse_conditions
 from .graph import Children, children
+from .relmax import ReferenceExamples, relmax
 
 # in-place operations after a layer that leave its relevance where it was: elementwise activations whose rule passes
 # relevance (a ReLU after a folded BatchNorm: ``nn.ReLU(inplace=True)``)
@@ -51,12 +52,14 @@ _INPLACE_PASS = ("Relu", "LeakyRelu", "Hardtanh", "Elu", "Threshold", "Silu", "G
 @dataclass
 class CRPOutput:
     """What one CRP pass returns: input relevance (N, K, ...) or None, per-channel relevance (N, K, C) at the
-    measured layers, the relevance entering each set's topmost conditioned layer per channel (N, C), the targets."""
+    measured layers, the relevance entering each set's topmost conditioned layer per channel (N, C), the targets,
+    and each measured layer's largest activation per channel (N, C)."""
 
     relevance: Tensor | None
     recorded: dict[str, Tensor]
     entering: dict[str, Tensor]
     targets: Targets
+    activation: dict[str, Tensor]
 
 
 class CRP(LRP):
@@ -156,6 +159,11 @@ class CRP(LRP):
         channels per input. See `hookviz.concepts.crp.graph.Children`."""
         return children(self, inputs, target, concept, earlier_layer, top=top, forward_kwargs=forward_kwargs)
 
+    def relmax(self, data: Any, layer: Selector, out: str, **kwargs: Any) -> ReferenceExamples:
+        """RelMax / ActMax reference examples of `layer`'s channels over `data`, state in the folder `out`
+        (resumable, sharded); see `hookviz.concepts.crp.relmax.relmax` for the options."""
+        return relmax(self, data, layer, out, **kwargs)
+
     # -- the pass -----------------------------------------------------------------------------------------------
     def _site(self, layer: Selector, heads: int | None) -> Site:
         if heads is not None:
@@ -216,7 +224,8 @@ class CRP(LRP):
         rel = out[0]
         if rel is not None and rel.dtype in (torch.float16, torch.bfloat16):
             rel = rel.float()
-        return CRPOutput(rel, out[1], out[2], targets)
+        acts = {name: sites[name].per_channel_max(tensors[name]) for name in record}
+        return CRPOutput(rel, out[1], out[2], targets, acts)
 
 
 class _Taps:
