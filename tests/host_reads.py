@@ -121,6 +121,7 @@ def _syncs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 # an accelerator; their reads are reported ("CPU only"), not counted, since a GPU run never makes them
 CPU_ONLY = {
     ("methods/lrp/output_rows.py", "product"),  # off the CPU the output layer's product is taken whole
+    ("methods/lrp/output_rows.py", "reached"),  # the same for LRP-epsilon's product (`stabilized_rows`)
     ("methods/lrp/identity.py", "_ratio"),  # off the CPU the mask of zero inputs is always applied
 }
 

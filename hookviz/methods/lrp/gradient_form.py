@@ -40,9 +40,8 @@ from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
 from .layers import ADD_FUNCTIONS, LayerRules, uncovered
 from .norm import NormMap, norm_map
-from .output_rows import output_layer, rows_reached
+from .output_rows import output_layer, rows_reached, stabilized_rows
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
-from .stabilizer import Site, stabilized
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
 from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
@@ -325,12 +324,9 @@ class GradientFormRun:
             rule = self.layers.rule_for(out_layer)
             if isinstance(rule, LinearRule) and not isinstance(rule, Epsilon):
                 return self.layers.module_rule(call.name, out_layer, call.args, call.output)
-            out = rows_reached(h, out_layer, call.output)
             if not (isinstance(rule, Epsilon) and rule.epsilon):
-                return out
-            bias = None if out_layer.bias is None else out_layer.bias.detach()
-            again = lambda: out_layer.forward(h.detach())  # noqa: E731
-            return stabilized(out, Site(self.entry(call.name, rule), rule.epsilon, out, again, self.layers.n, bias))
+                return rows_reached(h, out_layer, call.output)
+            return stabilized_rows(h, out_layer, call.output, rule.epsilon, self.entry(call.name, rule), self.layers.n)
 
         def linear(call: Call) -> Any:
             a = call.args
