@@ -306,3 +306,55 @@ def test_transformer_composites_leave_model_and_process_as_they_were(
     """AttnLRP / CP-LRP (their own rules: products, softmax, norms, the decomposed nn.MultiheadAttention) on the
     torchvision ViT, in the same four endings and two modes as every other method."""
     test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario, eval_mode, explainers)
+
+
+# TCAV (hookviz.concepts) is no attribution method (no hv.METHODS entry): its cases run the same models, endings and
+# modes with an early layer (SMALL_LAYER) as the CAVs' layer, and check its caches too: one TCAV per model and mode,
+# reused by the four endings as the explainers are; a call that ends in an error or Ctrl-C leaves no activation or
+# CAV behind (the caches hold what they held before), a call that ends normally fills them.
+_G = torch.Generator().manual_seed(2)
+TCAV_CONCEPTS = {"a": torch.randn(3, 3, 32, 32, generator=_G), "b": torch.randn(3, 3, 32, 32, generator=_G) + 0.5}
+TCAV_RANDOM = torch.randn(8, 3, 32, 32, generator=_G)
+
+
+@pytest.mark.parametrize("eval_mode", [True, False], ids=["eval", "keep-modes"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("arch_model", sorted(ARCHS), indirect=True)
+def test_tcav_leaves_model_process_and_cache_as_they_were(arch_model, scenario, eval_mode, explainers) -> None:
+    arch, model, x, snap = arch_model
+    grad_enabled = eval_mode  # keep-modes cases run under torch.no_grad()
+    key = ("tcav", arch, eval_mode)
+    if key not in explainers:
+        explainers[key] = hv.TCAV(model, SMALL_LAYER[arch], eval_mode=eval_mode)
+    tcav = explainers[key]
+    before = (dict(tcav._acts), dict(tcav._cavs))
+    target: object = [1, 2]
+    expected: tuple[type[BaseException], str | None] | None = None
+    if scenario == "target-out-of-range":
+        target, expected = 10, (ValueError, "out of range")
+    user_hook = None
+    if scenario in ("error-mid-forward", "interrupt-mid-forward"):
+        exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
+
+        def raise_it(module, args, out):
+            raise exc
+
+        user_hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
+        expected = (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+    with torch.set_grad_enabled(grad_enabled):
+        try:
+            if expected is None:
+                result = tcav.interpret(x, TCAV_CONCEPTS, TCAV_RANDOM, target=target, n_random=2, random_size=3)
+                assert len(result.rows) == 2 * 2 and all(0 <= r.stats["sign_count"].mean <= 1 for r in result.rows)
+                assert len(tcav._acts) == 3 and len(tcav._cavs) == 3 * 2  # two concepts and the null, 2 sets each
+            else:
+                # a concept not seen before: its activations, computed before the call fails, must not stay
+                fresh = {**TCAV_CONCEPTS, "fresh": torch.randn(3, 3, 32, 32)}
+                with pytest.raises(expected[0], match=expected[1]):
+                    tcav.interpret(x, fresh, TCAV_RANDOM, target=target, n_random=2, random_size=3)
+                assert tcav._acts == before[0] and tcav._cavs.keys() == before[1].keys()
+                assert all(tcav._cavs[k] is v for k, v in before[1].items())
+        finally:
+            if user_hook is not None:
+                user_hook.remove()
+        check_untouched(model, x, snap, grad_enabled)

@@ -147,7 +147,8 @@ class TCAV:
     Activations are cached per concept and layer, keyed by the concept's name and its examples (a tensor by its memory
     and version, so a slice taken again or changed in place is recognised; anything else by identity: pass the same
     object again, or call `clear_cache` after changing its files), CAVs per concept, random set and layer, so further
-    calls with new classes or inputs compute neither again.
+    calls with new classes or inputs compute neither again. A call that raises (or is interrupted) leaves both caches
+    as they were before it.
 
     Example::
 
@@ -213,6 +214,21 @@ class TCAV:
         """Forget every cached activation and CAV."""
         self._acts.clear()
         self._cavs.clear()
+
+    @contextmanager
+    def _cache_kept_on_failure(self) -> Iterator[None]:
+        """The caches as they were before the call when it ends in an exception or Ctrl-C: no set's activations or
+        CAVs from a call that did not finish (a later call computes them again); the entries themselves are never
+        changed in place, so copies of the two dicts restore them."""
+        acts, cavs = dict(self._acts), dict(self._cavs)
+        try:
+            yield
+        except BaseException:
+            self._acts.clear()
+            self._acts.update(acts)
+            self._cavs.clear()
+            self._cavs.update(cavs)
+            raise
 
     # -- the model, prepared and restored -----------------------------------------------------------------------
     @contextmanager
@@ -382,10 +398,11 @@ class TCAV:
         """
         names, sets = self._check_sets(concepts, random, n_random, random_size, seed, null)
         batches = self._load(sets)
-        with self._prepared() as hooks:
-            self._fill(hooks, sets, batches)
-        draw, draw_key = self._draw(names, n_random, random_size, seed, null)
-        cavs = self._train(names, draw, draw_key)
+        with self._cache_kept_on_failure():
+            with self._prepared() as hooks:
+                self._fill(hooks, sets, batches)
+            draw, draw_key = self._draw(names, n_random, random_size, seed, null)
+            cavs = self._train(names, draw, draw_key)
         return {layer: {("random" if c == _RANDOM else c): v for c, v in d.items()} for layer, d in cavs.items()}
 
     def _check_sets(
@@ -523,11 +540,12 @@ class TCAV:
         names, sets = self._check_sets(concepts, random, n_random, random_size, seed, null)
         batches = self._load(sets)
         x = load_examples(self.model, inputs, "inputs", preprocess=self.preprocess, minimum=1)
-        with self._prepared() as hooks:
-            self._fill(hooks, sets, batches)
-            grads, targets = self._gradients(hooks, x, target)
-        draw, draw_key = self._draw(names, n_random, random_size, seed, null)
-        cavs = self._train(names, draw, draw_key)
+        with self._cache_kept_on_failure():
+            with self._prepared() as hooks:
+                self._fill(hooks, sets, batches)
+                grads, targets = self._gradients(hooks, x, target)
+            draw, draw_key = self._draw(names, n_random, random_size, seed, null)
+            cavs = self._train(names, draw, draw_key)
         return self._scores(names, grads, targets, cavs, test, correction, float(alpha))
 
     def _scores(
