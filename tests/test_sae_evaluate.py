@@ -109,3 +109,21 @@ def test_vision_layer_has_no_language_metrics() -> None:
     ev = evaluate_sae(model, "0", sae, images, data_batch_size=4)  # a layer of a Sequential model
     assert ev.rows == 6 * 3 * 3 and ev.ce_orig is None and ev.loss_recovered is None
     assert "| CE loss recovered | — |" in ev.table()
+
+
+def test_scored_positions() -> None:
+    model, ids = lm()
+    torch.manual_seed(3)
+    sae = SAE(D, 20, "topk", k=2)
+
+    def last_prediction(input_ids: torch.Tensor) -> torch.Tensor:
+        chosen = torch.zeros_like(input_ids, dtype=torch.bool)
+        chosen[:, -2] = True  # the prediction of the last token
+        return chosen
+
+    ev = evaluate_sae(model, "block", sae, ids, scored=last_prediction)
+    with torch.no_grad():
+        a = model.block(model.embed(ids))
+        lo = model.head(a.cumsum(1) / torch.arange(1, 10)[:, None])
+        ce = F.cross_entropy(lo[:, -2].double(), ids[:, -1])
+    assert math.isclose(ev.ce_orig, float(ce), rel_tol=1e-9)

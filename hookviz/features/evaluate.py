@@ -19,12 +19,15 @@ without the error term (`splice`, ``error_term=False``) and with the layer zero-
   than zeros;
 - ``kl``: mean over real positions of KL(p_orig || p_sae) of the next-token distributions (nats).
 
+`scored` narrows both to chosen positions (the answer of a task whose other tokens are random).
+
 The statistics are accumulated in float64 batch by batch (the data set is never held whole).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +130,7 @@ def evaluate_sae(
     select: Select | None = None,
     dense_threshold: float = 0.1,
     language_model: bool | None = None,
+    scored: Callable[[Tensor], Tensor] | None = None,
 ) -> SAEEvaluation:
     """The metrics of `sae` on `layer`'s outputs over `data` (module docstring for the definitions).
 
@@ -140,6 +144,8 @@ def evaluate_sae(
         dense_threshold: a latent firing on more than this fraction of rows is dense.
         language_model: compute the cross-entropy and KL metrics (None: when the inputs are token ids (N, T) and the
             output logits (N, T, V)).
+        scored: token ids (N, T) -> bool (N, T), the positions whose next-token prediction the cross-entropy and
+            the KL count (None: every real position; e.g. only the answer of a task whose other tokens are random).
     """
     name, _ = parse_key(model, layer, "layer")
     positive_int("data_batch_size", data_batch_size, "inputs per forward")
@@ -191,6 +197,12 @@ def evaluate_sae(
                 logits_zero = _logits(model(*args, **kwargs))
             real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
             pairs = real[:, :-1] & real[:, 1:]
+            if scored is not None:
+                chosen = scored(ids).to(real.device).bool()
+                if chosen.shape != ids.shape:
+                    raise ValueError(f"scored must return a bool mask {tuple(ids.shape)}, got {tuple(chosen.shape)}")
+                real = real & chosen
+                pairs = pairs & chosen[:, :-1]
             target = ids[:, 1:]
             for key, logits in (("orig", logits_orig), ("sae", logits_sae), ("zero", logits_zero)):
                 loss = F.cross_entropy(logits[:, :-1].double().transpose(1, 2), target, reduction="none")
