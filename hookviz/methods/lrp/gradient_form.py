@@ -40,8 +40,9 @@ from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
 from .layers import ADD_FUNCTIONS, LayerRules, uncovered
 from .norm import NormMap, norm_map
-from .output_rows import output_layer, rows_reached, stabilized_rows
+from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
+from .stabilized_rows import stabilized_rows
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
 from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
