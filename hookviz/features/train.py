@@ -208,7 +208,7 @@ def train_sae(
         steps, batch_size, lr: Adam steps, activation rows per step, learning rate.
         l1_coeff, aux_coeff, l0_coeff, bandwidth: the sparsity terms (module docstring).
         dead_after: a latent that has not fired in this many rows is dead (AuxK, resampling).
-        resample_every: ReLU only; steps between resamplings of dead latents (default steps // 4; 0: never).
+        resample_every: ReLU only; steps between resamplings of dead latents (default 500; 0: never).
         buffer_size: rows in the shuffling buffer (default 16 batches).
         select: the output -> rows rule, when the default (2-D as it is, (N, T, D) tokens, (N, C, H, W) channels)
             is not wanted.
@@ -236,7 +236,8 @@ def train_sae(
     if buffer_size < 2 * batch_size:
         raise ValueError(f"buffer_size must be >= 2 * batch_size = {2 * batch_size}, got {buffer_size}")
     if resample_every is None:
-        resample_every = max(steps // 4, 1) if act == "relu" else 0
+        # a fixed default, not a fraction of `steps`: a resumed run (larger steps) must resample at the same steps
+        resample_every = 500 if act == "relu" else 0
     device = model_device(model)
     gen = torch.Generator().manual_seed(seed)
     stream = _Stream(data, data_batch_size)
