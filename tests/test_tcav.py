@@ -248,6 +248,13 @@ def test_logistic_cavs_of_shared_sets_match_primal_solution_each() -> None:
         assert float(cavs[i].double() @ ref) == pytest.approx(1.0, abs=1e-6)
         alone = train_cavs(acts, [p], [q], kind="logistic", l2=l2)[0]
         torch.testing.assert_close(cavs[i], alone, rtol=0, atol=1e-6)
+    # acts as row blocks standing for their concatenation (a set may span two blocks: randoms[2] does)
+    for kind in ("logistic", "mean"):
+        whole = train_cavs(acts, pos, neg, kind=kind, l2=l2)
+        blocks = train_cavs(list(acts.split([18, 23, 19])), pos, neg, kind=kind, l2=l2)
+        torch.testing.assert_close(blocks, whole, rtol=0, atol=1e-6)
+    with pytest.raises(IndexError, match=r"\[0, 60\)"):
+        train_cavs(acts, [torch.arange(58, 61)], [torch.arange(3)])
 
 
 def test_mean_cav_is_normalised_mean_difference_and_batches_agree() -> None:

@@ -25,6 +25,7 @@ magnitude score neither, being a ratio).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Literal, TypeAlias
 
@@ -44,7 +45,7 @@ def _work_dtype(device: torch.device) -> torch.dtype:
 
 
 def train_cavs(
-    acts: Tensor,
+    acts: Tensor | Sequence[Tensor],
     positives: Tensor | Sequence[Tensor],
     negatives: Tensor | Sequence[Tensor],
     *,
@@ -54,24 +55,25 @@ def train_cavs(
 ) -> Tensor:
     """P CAVs at one layer, as a (P, D) float32 tensor of unit rows on `acts`' device.
 
-    acts: (M, D) the layer's activations of every example of every set (concepts and random sets), one row each.
-    positives: each CAV's concept examples as int64 rows of `acts`, a (P, n_pos) tensor or P 1-D tensors (sizes may
-    differ); negatives: those of its counter-examples (a row may appear in both: random sets drawn from one pool can
-    overlap). CAV p points from the negatives towards the positives. For ``"logistic"``, `steps` Newton steps are
-    taken (or fewer, once no coefficient of any problem moves by more than 1e-10 relative). The work is per example
-    set, not per row of `acts`: the sets are told apart by their rows, each set's activations gathered (centred and
-    scaled by the statistics of all M rows) once, and only the Gram blocks the problems use computed; problems of
-    one size are solved as one batch.
+    acts: (M, D) the layer's activations of every example of every set (concepts and random sets), one row each; or
+    a list of (M_i, D) blocks that stand for their concatenation (TCAV's concepts and random pool, not copied into
+    one tensor). positives: each CAV's concept examples as int64 rows of `acts`, a (P, n_pos) tensor or P 1-D
+    tensors (sizes may differ); negatives: those of its counter-examples (a row may appear in both: random sets
+    drawn from one pool can overlap). CAV p points from the negatives towards the positives. For ``"logistic"``,
+    `steps` Newton steps are taken (or fewer, once no coefficient of any problem moves by more than 1e-10 relative).
+    The work is per example set, not per row of `acts`: the sets are told apart by their rows, each set's
+    activations gathered (centred and scaled by the statistics of all M rows) once, and only the Gram blocks the
+    problems use computed; problems of one size are solved as one batch.
     """
     if kind not in CAV_KINDS:
         raise ValueError(f"cav must be one of {', '.join(repr(k) for k in CAV_KINDS)}, got {kind!r}")
     pos, neg = list(positives), list(negatives)
     if len(pos) != len(neg):
         raise ValueError(f"positives and negatives must describe as many CAVs, got {len(pos)} and {len(neg)}")
-    x = acts if acts.dtype == torch.float64 else acts.float()
+    acts = _Blocks(acts)
     # each problem as a pair of example sets: (P, 2) indices into `sets`; TCAV contrasts 10 concepts and 20 null sets
     # with the same 20 random sets, so 30 + 20 sets describe its 220 problems of a layer
-    sets: list[Tensor] = []
+    sets: list[tuple[int, ...]] = []
     seen: dict[tuple[int, ...], int] = {}
     pairs: list[tuple[int, int]] = []
     for p, q in zip(pos, neg, strict=True):
@@ -80,28 +82,79 @@ def train_cavs(
             key = tuple(rows.tolist())
             if key not in seen:
                 seen[key] = len(sets)
-                sets.append(rows.to(device=x.device, dtype=torch.long))
+                sets.append(key)
             ids.append(seen[key])
         pairs.append((ids[0], ids[1]))
     if kind == "mean":
         # the direction of the difference of means depends neither on a shift nor on a common scale
-        means = torch.stack([x.index_select(0, rows).mean(0) for rows in sets])
-        a, b = torch.tensor(pairs, device=x.device).unbind(1)
+        means = torch.stack([acts.gather(rows).mean(0) for rows in sets])
+        a, b = torch.tensor(pairs, device=acts.device).unbind(1)
         cavs = means[a] - means[b]
     else:
-        cavs = _logistic_cavs(x, sets, pairs, l2, steps)
+        cavs = _logistic_cavs(acts, sets, pairs, l2, steps)
     return (cavs / cavs.norm(dim=1, keepdim=True).clamp_min(_EPS)).to(torch.float32)
 
 
-def _logistic_cavs(x: Tensor, sets: list[Tensor], pairs: list[tuple[int, int]], l2: float, steps: int) -> Tensor:
+class _Blocks:
+    """(M, D) activations given whole or as row blocks: their statistics and the rows of a set, read in place."""
+
+    def __init__(self, acts: Tensor | Sequence[Tensor]) -> None:
+        blocks = [acts] if isinstance(acts, Tensor) else list(acts)
+        if not blocks:
+            raise ValueError("acts holds no activations")
+        self.dtype = torch.float64 if blocks[0].dtype == torch.float64 else torch.float32
+        self.blocks = [b.to(self.dtype) for b in blocks]
+        self.starts = [0]
+        for b in self.blocks:
+            self.starts.append(self.starts[-1] + b.shape[0])
+        self.rows, self.dim, self.device = self.starts[-1], self.blocks[0].shape[1], self.blocks[0].device
+        self._whole: Tensor | None = None
+
+    def gather(self, rows: tuple[int, ...], out: Tensor | None = None) -> Tensor:
+        """The rows (indices into the concatenation) as a (len(rows), D) tensor, into `out` if given."""
+        if min(rows) < 0 or max(rows) >= self.rows:
+            raise IndexError(f"rows must lie in [0, {self.rows}) (the rows of acts), got {min(rows)} .. {max(rows)}")
+        i = bisect.bisect_right(self.starts, min(rows)) - 1
+        if max(rows) < self.starts[i + 1]:  # within one block, as TCAV's sets are
+            block, index = self.blocks[i], torch.tensor(rows, device=self.device) - self.starts[i]
+        else:
+            if self._whole is None:
+                self._whole = torch.cat(self.blocks)
+            block, index = self._whole, torch.tensor(rows, device=self.device)
+        return torch.index_select(block, 0, index, out=out) if out is not None else block.index_select(0, index)
+
+    def mean_and_scale(self) -> tuple[Tensor, Tensor]:
+        """The mean row and the root-mean-square norm of the centred rows, over all M rows: read in chunks of about
+        4 MiB, whose temporaries stay in the cache (9x faster than chunks of 100 MiB at D = 24,576)."""
+        mean = sum(b.sum(0) for b in self.blocks) / self.rows
+        per_chunk = max(1, (1 << 20) // max(1, self.dim))
+        sq = sum((c - mean).square().sum() for b in self.blocks for c in b.split(per_chunk))
+        return mean, (sq / self.rows).sqrt().clamp_min(_EPS)
+
+
+def _logistic_cavs(acts: _Blocks, sets: list[tuple[int, ...]], pairs: list[tuple[int, int]], l2: float,
+                   steps: int) -> Tensor:  # fmt: skip
     """(P, D) unnormalised logistic CAVs, problem p separating set pairs[p][0] (label 1) from pairs[p][1]."""
-    work = _work_dtype(x.device)
+    work = _work_dtype(acts.device)
     # centred on the mean of all M rows and scaled by their root-mean-square norm, as one pass over a copy of
-    # `acts` would; the sets' rows are gathered once each and the M rows are read in chunks (no (M, D) copy)
-    mean = x.mean(0)
-    sq = sum((chunk - mean).square().sum() for chunk in x.split(1024))
-    scale = (sq / x.shape[0]).sqrt().clamp_min(_EPS)
-    xs = [(x.index_select(0, rows) - mean) / scale for rows in sets]
+    # `acts` would; each set's rows gathered once, one after the other into one tensor (`store`), so that sets
+    # registered one after another (TCAV's random sets) are one view, taken without a copy
+    mean, scale = acts.mean_and_scale()
+    offsets = [0]
+    for rows in sets:
+        offsets.append(offsets[-1] + len(rows))
+    store = torch.empty(offsets[-1], acts.dim, dtype=acts.dtype, device=acts.device)
+    for s, rows in enumerate(sets):
+        acts.gather(rows, out=store[offsets[s] : offsets[s + 1]])
+    for chunk in store.split(max(1, (1 << 20) // max(1, acts.dim))):
+        chunk.sub_(mean).div_(scale)
+    xs = [store[offsets[s] : offsets[s + 1]] for s in range(len(sets))]
+
+    def stacked(ids: Sequence[int]) -> Tensor:
+        if list(ids) == list(range(ids[0], ids[0] + len(ids))):
+            return store[offsets[ids[0]] : offsets[ids[-1] + 1]]
+        return torch.cat([xs[i] for i in ids])
+
     # the Gram blocks: a set with itself, and a set with the sets it is contrasted with; the sets sharing one list
     # of partners are stacked, and their block with all of those partners is one matrix product (TCAV's concepts
     # against its random sets: 500 x 1,000 rows, where the Gram matrix of every row would be 2,500 x 2,500)
@@ -115,7 +168,7 @@ def _logistic_cavs(x: Tensor, sets: list[Tensor], pairs: list[tuple[int, int]], 
         by_partners.setdefault(tuple(bs), []).append(a)
     cross: dict[tuple[int, int], Tensor] = {}
     for bs, as_ in by_partners.items():
-        block = (torch.cat([xs[a] for a in as_]) @ torch.cat([xs[b] for b in bs]).T).to(work)
+        block = (stacked(as_) @ stacked(bs).T).to(work)
         rows = block.split([xs[a].shape[0] for a in as_], 0)
         for a, part in zip(as_, rows, strict=True):
             for b, piece in zip(bs, part.split([xs[b].shape[0] for b in bs], 1), strict=True):
@@ -136,11 +189,11 @@ def _logistic_cavs(x: Tensor, sets: list[Tensor], pairs: list[tuple[int, int]], 
         for i, row in zip(members, alpha, strict=True):
             coefs[pairs[i][0]].append((i, row[:n_pos]))
             coefs[pairs[i][1]].append((i, row[n_pos:]))
-    cavs = torch.zeros(len(pairs), x.shape[1], dtype=x.dtype, device=x.device)
+    cavs = torch.zeros(len(pairs), acts.dim, dtype=acts.dtype, device=acts.device)
     for s, terms in zip(xs, coefs, strict=True):
         if terms:
-            index = torch.tensor([i for i, _ in terms], device=x.device)
-            cavs.index_add_(0, index, torch.stack([c for _, c in terms]).to(x.dtype) @ s)
+            index = torch.tensor([i for i, _ in terms], device=acts.device)
+            cavs.index_add_(0, index, torch.stack([c for _, c in terms]).to(acts.dtype) @ s)
     return cavs
 
 

@@ -345,8 +345,7 @@ class TCAV:
         fixed = draw_key[3] == "fixed"
         out: dict[str, dict[str, Tensor]] = {}
         for layer in self.layers:
-            parts = [self._acts[c].acts[layer] for c in concepts] + [pool.acts[layer]]
-            acts = torch.cat(parts)
+            parts = [self._acts[c].acts[layer] for c in concepts] + [pool.acts[layer]]  # rows of their concatenation
             offsets, start = {}, 0
             for c, part in zip([*concepts, _RANDOM], parts, strict=True):
                 offsets[c] = start
@@ -366,7 +365,7 @@ class TCAV:
             todo = [p for p in problems if p[0] not in self._cavs]
             if todo:
                 cavs = train_cavs(
-                    acts,
+                    parts,
                     [p[1] for p in todo],
                     [p[2] for p in todo],
                     kind=self.cav,
