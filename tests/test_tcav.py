@@ -599,3 +599,25 @@ def test_shapes_concepts_are_deterministic_images_of_what_they_say() -> None:
     torch.testing.assert_close(sets["random images"], shapes(4, seed=7).images, rtol=0, atol=0)
     with pytest.raises(ValueError, match="n"):
         shapes_concepts(1)
+
+
+def test_activations_are_the_layer_outputs_before_an_in_place_operation_after_it() -> None:
+    # a ReLU(inplace=True) after the layer (as after the shapes CNN's features.1) must not reach the recorded
+    # activations: the CAVs live where the gradients are taken, at the layer's own output
+    class InPlaceAfter(Linear2):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act = nn.ReLU(inplace=True)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.head(self.act(self.body(x)))
+
+    model = InPlaceAfter()
+    concept = torch.randn(6, 4, generator=_gen(8)) - 1  # mostly negative: a ReLU would change them
+    pool = torch.randn(40, 4, generator=_gen(9))
+    tcav = hv.TCAV(model, "body", cav="mean", batch_size=4)  # several chunks per set
+    cavs = tcav.compute_cavs({"c": concept}, pool, n_random=2, random_size=5, seed=1)["body"]
+    torch.testing.assert_close(tcav._acts["c"].acts["body"], concept, rtol=0, atol=1e-6)
+    draw = type(tcav)._random_sets(40, 4, 5, 1)
+    d = concept.double().mean(0) - pool[draw[0]].double().mean(0)
+    torch.testing.assert_close(cavs["c"][0].double(), d / d.norm(), rtol=0, atol=1e-6)

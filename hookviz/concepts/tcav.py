@@ -255,7 +255,7 @@ class TCAV:
                     for b, saved in buffers:
                         b.copy_(saved)
 
-    def _record(self, taken: dict[str, Tensor], grad: bool) -> Any:
+    def _record(self, taken: dict[str, Tensor], grad: bool, sink: Any = None) -> Any:
         def hook(name: str, module: nn.Module, args: Any, out: Any) -> Tensor:
             if not isinstance(out, Tensor) or not out.is_floating_point():
                 what = f"a {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__
@@ -269,7 +269,10 @@ class TCAV:
                     "(choose another layer)"
                 )
             if not grad:
-                taken[name] = out.detach()
+                # copied out now (pooled, into the call's buffer): an in-place operation after the layer (a
+                # ReLU(inplace=True) after a BatchNorm) would otherwise change what was recorded before it is read
+                taken[name] = out
+                sink(name, out.detach())
                 return out
             # a leaf where no earlier layer's graph reaches (frozen model, input without grad); the model goes on
             # with a copy, so that in-place operations after the layer cannot change what was recorded
@@ -279,9 +282,11 @@ class TCAV:
 
         return hook
 
-    def _forward(self, hooks: HookManager, x: Tensor, where: str, grad: bool) -> tuple[Any, dict[str, Tensor]]:
+    def _forward(
+        self, hooks: HookManager, x: Tensor, where: str, grad: bool, sink: Any = None
+    ) -> tuple[Any, dict[str, Tensor]]:
         taken: dict[str, Tensor] = {}
-        handles = hooks.forward(Selection(self.layers.items()), self._record(taken, grad), with_name=True)
+        handles = hooks.forward(Selection(self.layers.items()), self._record(taken, grad, sink), with_name=True)
         try:
             out = self.model(x)
         except HookError:
@@ -305,13 +310,29 @@ class TCAV:
 
     # -- activations ----------------------------------------------------------------------------------------------
     def _activations(self, hooks: HookManager, batch: Tensor, where: str) -> dict[str, Tensor]:
-        parts: dict[str, list[Tensor]] = {n: [] for n in self.layers}
+        """Per layer the pooled activations (N, D) of `batch`, each written into its buffer by the hook as the layer
+        runs (one copy: no per-chunk parts to concatenate, nothing an in-place operation later in the model reaches)."""
+        out: dict[str, Tensor] = {}
+        errors: list[ValueError] = []
+        at = 0
+
+        def sink(name: str, t: Tensor) -> None:
+            try:
+                v = _pool(t, self.pool, name)
+            except ValueError as exc:  # raised after the forward pass, not inside the model
+                errors.append(exc)
+                return
+            if name not in out:
+                out[name] = torch.empty(batch.shape[0], v.shape[1], dtype=torch.float32, device=v.device)
+            out[name][at : at + v.shape[0]].copy_(v)
+
         with torch.no_grad():
             for chunk in batch.split(self.batch_size):
-                _, taken = self._forward(hooks, chunk, where, grad=False)
-                for name, t in taken.items():
-                    parts[name].append(_pool(t, self.pool, name).float())
-        return {n: torch.cat(p) for n, p in parts.items()}
+                self._forward(hooks, chunk, where, grad=False, sink=sink)
+                if errors:
+                    raise errors[0]
+                at += chunk.shape[0]
+        return out
 
     def _load(self, sets: Mapping[str, Any]) -> dict[str, Tensor]:
         """The example batches of the sets not cached yet: all loaded and counted before any forward pass."""
