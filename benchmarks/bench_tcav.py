@@ -15,7 +15,9 @@ Per CAV kind (logistic, mean), each repeat on a fresh `hv.TCAV`:
 - ``CAVs only``: `compute_cavs` again with the activations cached and the CAV cache cleared (the training alone);
 - ``interpret, cached``: `TCAV.interpret` of 100 images with everything cached (gradients, scores and t-tests).
 
-The median of the repeats in seconds is printed as a Markdown table (and written to ``--out``).
+The median of the repeats in seconds is printed as a Markdown table (and written to ``--out``), wall time and
+process CPU time (with ``--threads 1`` the CPU time is the work, which a shared machine's other processes do not
+stretch).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ import hookviz as hv
 from hookviz.zoo import shapes, shapes_model
 
 
-def _timed(fn) -> float:  # noqa: ANN001
-    start = time.perf_counter()
+def _timed(fn, cpu: list[float]) -> float:  # noqa: ANN001
+    """Wall seconds of fn(); its process CPU seconds appended to `cpu` (with one thread: the work itself, which
+    other processes on a shared machine do not stretch as they stretch the wall time)."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
+    cpu.append(time.process_time() - start_cpu)
     return time.perf_counter() - start
 
 
@@ -66,19 +71,24 @@ def main() -> None:
         f"{len(args.layers)} layers ({', '.join(args.layers)}, pool={args.pool!r}) x {args.n_random} random sets, "
         f"{k} examples per set; median of {args.repeats} repeats, seconds"
     )
-    lines = [header, "", "| CAV | activations + CAVs | CAVs only | interpret 100 inputs, cached |", "|---|---|---|---|"]
+    head = ["| CAV | activations + CAVs | CAVs only | interpret 100 inputs, cached |", "|---|---|---|---|"]
+    lines, cpu_lines = [header, "", *head], ["", "The same calls, process CPU seconds (median):", "", *head]
     for cav in ("logistic", "mean"):
         cold, warm, interp = [], [], []
+        cpu: list[list[float]] = [[], [], []]
         for _ in range(args.repeats):
             tcav = hv.TCAV(model, list(args.layers), cav=cav, pool=args.pool)
-            cold.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random)))
+            cold.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random), cpu[0]))
             tcav._cavs.clear()
-            warm.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random)))
-            interp.append(_timed(lambda t=tcav: t.interpret(inputs, concepts, pool, target=5, n_random=args.n_random)))
+            warm.append(_timed(lambda t=tcav: t.compute_cavs(concepts, pool, n_random=args.n_random), cpu[1]))
+            interp.append(
+                _timed(lambda t=tcav: t.interpret(inputs, concepts, pool, target=5, n_random=args.n_random), cpu[2])
+            )
             del tcav
         row = [statistics.median(v) for v in (cold, warm, interp)]
         lines.append(f"| {cav} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
-    text = "\n".join(lines)
+        cpu_lines.append(f"| {cav} | " + " | ".join(f"{statistics.median(v):.2f}" for v in cpu) + " |")
+    text = "\n".join(lines + cpu_lines)
     print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
