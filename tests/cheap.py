@@ -19,6 +19,11 @@ CHEAP_OPTIONS: dict[str, dict[str, Any]] = {
     "occlusion": {"window": (2, 2)},
     "rise": {"n_masks": 8, "cell": 2},
     "gradient-shap": {"n_samples": 2},
+    # the coalition methods: few coalitions (images get an 8 x 8 grid of groups by default; exact Shapley a 3 x 3 one)
+    "kernel-shap": {"n_samples": 70},
+    "lime": {"n_samples": 16},
+    "shapley-sampling": {"n_samples": 2},
+    "partition-shap": {"max_evals": 32},
 }
 
 

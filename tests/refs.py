@@ -23,6 +23,7 @@ REFERENCE_LIBRARIES = (
     "scipy.stats",
     "zennit",  # LRP against zennit (test_lrp)
     "lxt",  # AttnLRP / CP-LRP against lxt 2.1 (test_attnlrp)
+    "shap",  # ShapleyValues / KernelShap against shap's Exact and Kernel explainers (test_shapley)
     "lucent.optvis.param",  # feature visualisation against lucent (test_featurevis)
     "timm",  # the architectures (test_layouts, test_arch_sweep)
     "transformers",  # Hugging Face outputs and the HF Trainer callback

@@ -84,6 +84,7 @@ SMALL_LAYER = {
     "vit": "encoder.layers.encoder_layer_1.ln_1",
     "shapes_vit": "blocks.1.norm1",
 }
+_QUARTERS = hv.grid_mask((32, 32), 16)
 # cheap options for the methods that repeat passes; every other registered method is built as cls(model, eval_mode=)
 OPTIONS = {
     "integrated-gradients": lambda m, arch, ev: hv.IntegratedGradients(m, steps=2, eval_mode=ev),
@@ -100,6 +101,19 @@ OPTIONS = {
     "gradient-shap": lambda m, arch, ev: hv.GradientShap(
         m, torch.randn(2, 3, 32, 32), n_samples=2, generator=torch.Generator().manual_seed(0), eval_mode=ev
     ),
+    # the coalition methods on a 2 x 2 grid of 16-pixel patches: 4 groups keep every one a few passes
+    **{
+        name: (lambda m, arch, ev, name=name, o=opts: hv.get_method(name)(m, feature_mask=_QUARTERS, eval_mode=ev, **o))
+        for name, opts in {
+            "feature-ablation": {},
+            "feature-permutation": {},
+            "shapley-values": {},
+            "shapley-sampling": {"n_samples": 2},
+            "kernel-shap": {"n_samples": 6},
+            "lime": {"n_samples": 6},
+            "partition-shap": {},
+        }.items()
+    },
 }
 # the lrp-<composite> names are `LRP` with another default composite: "lrp" stands for them (the rules themselves
 # are tested in test_lrp.py), which keeps the suite's run time modest

@@ -65,6 +65,7 @@ LAYERS: list[str] = [
     "hookviz.methods.lrp.*",
     "hookviz.methods.deeplift.*",
     "hookviz.methods.shap",
+    "hookviz.methods.shapley.*",  # the coalition engine and the model-agnostic methods on it (issue 38)
     "hookviz.methods",
     # recorders and the gradient-flow monitor
     "hookviz.record",

@@ -25,11 +25,35 @@ from .lrp import LRP, Composite, RelevanceAudit
 from .noise import SmoothGrad, VarGrad
 from .perturbation import RISE, Occlusion, PerturbationAttribution
 from .shap import GradientShap
+from .shapley import (
+    Background,
+    CoalitionAttribution,
+    FeatureAblation,
+    FeaturePermutation,
+    KernelShap,
+    Lime,
+    PartitionShap,
+    ShapleyValues,
+    ShapleyValueSampling,
+    grid_mask,
+    superpixels,
+)
 
 __all__ = [
     "METHODS",
     "Attribution",
     "AttentionRollout",
+    "Background",
+    "CoalitionAttribution",
+    "FeatureAblation",
+    "FeaturePermutation",
+    "KernelShap",
+    "Lime",
+    "PartitionShap",
+    "ShapleyValueSampling",
+    "ShapleyValues",
+    "grid_mask",
+    "superpixels",
     "CAMAttribution",
     "Deconvnet",
     "DeepLift",

@@ -1,0 +1,397 @@
+"""The coalition engine shared by the model-agnostic methods: the value v(S) of coalitions of feature groups.
+
+A coalition S is a row of an (S, M) bool tensor over the M feature groups (`groups`): True keeps the input's
+elements of that group, False replaces them by the baseline's. v(S) is the target score of the input so built,
+``torch.where(coalition[group_ids], x, baseline)``, averaged over the baselines when they are a distribution
+(`Background`). All S x N (x B background rows) inputs form one expanded batch, row ``(s * N + i) * B + j``, built on
+the model's device chunk by chunk (at most ``batch_size`` rows, and at most ``max_memory`` bytes of built inputs) and
+scored for all K targets of each input by the same forward passes. The coalitions themselves are drawn on the host
+from a `torch.Generator` (the same draws on every device, for every chunk size) and copied to the device once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..._checks import int_option, is_int, is_number
+from ..._device import to_device
+from ..._progress import progress_bar
+from ...hooks import HookManager
+from ...inputs import check_finite
+from ...targets import TargetPlan, Targets, TargetSpec
+from ..batch import chunks, forward_scores, plan_rows
+from ..forward import ForwardArgs
+from ..perturbation import PerturbationAttribution
+from .groups import check_masks, spread
+
+
+class Background:
+    """A distribution of baselines: v(S) is the mean target score over baselines drawn from `samples` (B, ...), the
+    interventional (baseline) Shapley value of the background distribution (shap's KernelExplainer with background
+    data). `draws`: how many of the B samples to use (drawn without replacement with the method's generator, once
+    per call, the same for every coalition, so efficiency holds against their mean); None: all B. Each coalition
+    costs ``draws`` rows per input.
+    """
+
+    def __init__(self, samples: Tensor | tuple[Tensor, ...], draws: int | None = None) -> None:
+        items = samples if isinstance(samples, tuple) else (samples,)
+        if not items or not all(isinstance(s, Tensor) and s.dim() >= 1 and s.shape[0] >= 1 for s in items):
+            raise TypeError("Background needs a tensor (B, ...) of B >= 1 baselines (or a tuple, one per input)")
+        if len({s.shape[0] for s in items}) != 1:
+            raise ValueError("Background: the tensors of a tuple must share the number of samples B")
+        for s in items:
+            check_finite(s, "Background samples")
+        self.samples = items
+        self.draws = int_option("draws", draws, "None (all samples) or an int >= 1", optional=True)
+
+    def __repr__(self) -> str:
+        return f"Background(B={self.samples[0].shape[0]}, draws={self.draws})"
+
+
+def _gaussian_blur(x: Tensor, sigma: float) -> Tensor:
+    """A separable Gaussian blur of images (N, C, H, W), reflect padding, kernel radius 3 sigma (cut to the image)."""
+    radius = max(1, min(int(3 * sigma + 0.5), (min(x.shape[-2:]) - 1)))
+    t = torch.arange(-radius, radius + 1, dtype=torch.float64, device=x.device)
+    k = torch.exp(-0.5 * (t / sigma) ** 2)
+    k = (k / k.sum()).to(x.dtype)
+    c = x.shape[1]
+    y = F.pad(x, (radius, radius, 0, 0), mode="reflect")
+    y = F.conv2d(y, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
+    y = F.pad(y, (0, 0, radius, radius), mode="reflect")
+    return F.conv2d(y, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
+
+
+def check_baselines(spec: object) -> None:
+    """A baselines spec checked when it is given (before any input is seen): a number, a tensor, ``"blur"`` /
+    ``("blur", sigma)``, a `Background`, or a tuple of those (one per input tensor)."""
+    if isinstance(spec, Background):
+        return
+    if isinstance(spec, tuple) and not (len(spec) == 2 and spec[0] == "blur"):
+        for s in spec:
+            check_baselines(s)
+        return
+    if isinstance(spec, str) or (isinstance(spec, tuple) and spec and spec[0] == "blur"):
+        sigma = spec[1] if isinstance(spec, tuple) else 1.0
+        if spec != "blur" and not (isinstance(spec, tuple) and is_number(sigma) and sigma > 0):
+            raise ValueError(f"baselines: a string must be 'blur' or ('blur', sigma > 0), got {spec!r}")
+        return
+    if isinstance(spec, Tensor):
+        if spec.is_complex() or spec.dtype == torch.bool:
+            raise TypeError(f"baselines tensor must hold real numbers, got dtype {spec.dtype}")
+        check_finite(spec, "baselines")
+        return
+    if not is_number(spec) or not math.isfinite(spec):  # type: ignore[arg-type]
+        raise TypeError(
+            "baselines must be a finite number, a tensor that broadcasts to the inputs, 'blur' (a Gaussian blur of "
+            f"the image), a Background(samples) distribution, or a tuple of those (one per input); got {spec!r}"
+        )
+
+
+class Reference:
+    """The baselines of one call: per input tensor either (N, ...) rows (one baseline per input) or (B, ...) rows of
+    a background distribution (``self.b`` rows per coalition and input)."""
+
+    def __init__(self, tensors: tuple[Tensor, ...], b: int) -> None:
+        self.tensors = tensors
+        self.b = b  # background rows per coalition and input; 1: one baseline per input
+
+    def rows(self, t: int, s: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        """The baseline rows of input tensor `t` for the expanded rows of coalitions `s`, inputs `i`, samples `j`."""
+        return self.tensors[t][i]
+
+
+class BackgroundReference(Reference):
+    """Baselines drawn from a distribution: row j of the samples, whatever the input."""
+
+    def rows(self, t: int, s: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return self.tensors[t][j]
+
+
+def resolve_baselines(
+    spec: object, xs: tuple[Tensor, ...], generator: torch.Generator | None, blur_default: float | None = None
+) -> Reference:
+    """The baselines of the inputs `xs` from a spec (checked: shapes, dtypes), before any forward pass."""
+    n = xs[0].shape[0]
+    if isinstance(spec, Background):
+        if len(spec.samples) != len(xs):
+            raise ValueError(f"Background has {len(spec.samples)} tensors, the inputs {len(xs)}")
+        b = spec.samples[0].shape[0]
+        out = []
+        pick = None
+        if spec.draws is not None and spec.draws < b:
+            pick = torch.randperm(b, generator=generator)[: spec.draws]
+        for s, x in zip(spec.samples, xs, strict=True):
+            if tuple(s.shape[1:]) != tuple(x.shape[1:]):
+                raise ValueError(
+                    f"Background samples of shape {tuple(s.shape)} do not match the inputs' shape {tuple(x.shape)}: "
+                    f"give B samples shaped like one input, (B, {', '.join(map(str, x.shape[1:]))})"
+                )
+            s = s if pick is None else s[pick]
+            out.append(to_device(s.detach().to(x.dtype), x.device))
+        return BackgroundReference(tuple(out), out[0].shape[0])
+    specs = spec if isinstance(spec, tuple) and not (len(spec) == 2 and spec[0] == "blur") else (spec,) * len(xs)
+    if len(specs) != len(xs):
+        raise ValueError(f"baselines: a tuple of {len(specs)} specs for {len(xs)} input tensors")
+    out = []
+    for k, (s, x) in enumerate(zip(specs, xs, strict=True)):
+        where = "baselines" if len(xs) == 1 else f"baselines[{k}]"
+        if isinstance(s, Background):
+            raise TypeError(f"{where}: a Background distribution covers all input tensors; pass it alone")
+        if isinstance(s, str) or isinstance(s, tuple):
+            if x.dim() != 4 or not x.is_floating_point():
+                raise ValueError(
+                    f"{where}='blur' blurs images: the input must be float (N, C, H, W), got {tuple(x.shape)}"
+                )
+            sigma = s[1] if isinstance(s, tuple) else (blur_default or max(x.shape[-2:]) / 16)
+            out.append(_gaussian_blur(x.detach(), float(sigma)))
+        elif isinstance(s, Tensor):
+            try:
+                shape = torch.broadcast_shapes(s.shape, x.shape)
+            except RuntimeError:
+                shape = None
+            if shape != x.shape:
+                raise ValueError(
+                    f"{where} of shape {tuple(s.shape)} does not broadcast to the inputs' shape {tuple(x.shape)}; give "
+                    f"one baseline ({', '.join(map(str, x.shape[1:]))}) or one per input (N, ...), or a "
+                    "Background(samples) distribution"
+                )
+            out.append(to_device(s.detach().to(x.dtype), x.device).expand_as(x))
+        else:
+            out.append(torch.full((), float(s), dtype=x.dtype, device=x.device).expand_as(x))  # type: ignore[arg-type]
+    del n
+    return Reference(tuple(out), 1)
+
+
+class Coalitions:
+    """v(S) for batches of coalitions on one call's inputs: `values` runs the chunked forward passes."""
+
+    def __init__(
+        self,
+        method: CoalitionAttribution,
+        xs: tuple[Tensor, ...],
+        masks: tuple[Tensor, ...],
+        m: int,
+        ref: Reference,
+        plan: TargetPlan,
+        fwd: ForwardArgs,
+        rows_per_pass: int,
+    ) -> None:
+        self.method = method
+        self.xs = xs
+        self.mask_tensors = masks
+        self.masks = tuple(mk.flatten(1) for mk in masks)
+        self.shapes = tuple(mk.shape for mk in masks)
+        self.m = m
+        self.ref = ref
+        self.plan = plan
+        self.fwd = fwd
+        self.rows_per_pass = rows_per_pass
+        self.n = xs[0].shape[0]
+        self.device = xs[0].device
+        self.passes = 0  # forward passes run so far (coalition rows / rows_per_pass, rounded up per call)
+        self.k = 1  # targets per input, set once the clean pass has resolved them
+        self.evaluated = 0  # coalitions evaluated so far (each on every input, and every background row)
+
+    def values(self, coalitions: Tensor, label: str = "coalitions") -> Tensor:
+        """v(S) of the (S, M) bool `coalitions`: (S, N, K) in float64."""
+        coalitions = to_device(coalitions.bool(), self.device)  # drawn on the host, copied once
+        s_count, n, b = coalitions.shape[0], self.n, self.ref.b
+        self.evaluated += s_count
+        total = s_count * n * b
+        if total == 0:
+            return torch.zeros(s_count, n, self.k, dtype=torch.float64, device=self.device)
+        out: Tensor | None = None
+        for start, stop in self._chunks(total, label):
+            r = torch.arange(start, stop, device=self.device)
+            j, si = r % b, r // b
+            i, s = si % n, si // n
+            keep = coalitions[s]  # (R, M)
+            built = []
+            for t, (x, g, shape) in enumerate(zip(self.xs, self.masks, self.shapes, strict=True)):
+                mask = keep[:, g[0]] if g.shape[0] == 1 else torch.gather(keep, 1, g[i])
+                mask = mask.view(stop - start, *shape[1:])
+                built.append(torch.where(mask, x[i], self.ref.rows(t, s, i, j)))
+            on_host = torch.arange(start, stop) // b % n  # the targets' rows (`TargetPlan.take`), on the host
+            scores = forward_scores(
+                self.method.model, tuple(built), plan_rows(self.plan, on_host), None, forward_args=self.fwd.rows(i)
+            ).scores.double()
+            if out is None:
+                out = torch.zeros(s_count * n, scores.shape[1], dtype=torch.float64, device=self.device)
+            out.index_add_(0, si, scores)
+            self.passes += 1
+        assert out is not None
+        return (out / b).view(s_count, n, -1)
+
+    def _chunks(self, total: int, label: str) -> Iterator[tuple[int, int]]:
+        steps = math.ceil(total / self.rows_per_pass)
+        progress = self.method.progress
+        bar = progress_bar(
+            total=steps,
+            enabled=progress is not False,
+            desc=f"{type(self.method).__name__} ({label})",
+            unit="pass",
+            delay=0.0 if progress else 2.0,
+            leave=False,
+        )
+        try:
+            for rows in chunks(total, self.rows_per_pass):
+                yield rows
+                bar.update()
+        finally:
+            bar.close()
+
+
+class CoalitionAttribution(PerturbationAttribution):
+    """Shared by the coalition methods: feature groups, baselines, the memory budget, the generator, the engine.
+
+    Args:
+        model: any module (forward passes only: no hooks, no gradients; TorchScript models work).
+        feature_mask: the default groups (`hookviz.methods.shapley.groups`); None: one group per token / tabular
+            feature, an 8 x 8 grid of patches on images. `attribute` takes one per call too.
+        baselines: the default baselines: a number, a tensor broadcasting to the inputs, ``"blur"`` (a Gaussian blur
+            of the image, sigma = max(H, W) / 16; ``("blur", sigma)`` to choose), a `Background` distribution, or a
+            tuple of those per input tensor.
+        batch_size: rows (built inputs) per forward pass at most; None: no limit but `max_memory`.
+        max_memory: bytes of built inputs per forward pass at most (None: no limit but `batch_size`); a budget
+            below one row's inputs is refused before any forward pass, with both numbers.
+        seed / generator: the draws (coalitions, permutations, background samples) come from `generator` (a cpu
+            `torch.Generator`, advanced by every call) or else from a new generator seeded with `seed` on every call
+            (the same draws each call; None: seeded from torch's global generator).
+        progress: a tqdm bar: True, False, or None (shown only when the run lasts more than 2 s).
+    """
+
+    multi_input = True
+    expands_batch = True
+    display_defaults = {"reduce": "sum", "mode": "absmax", "cmap": "bwr", "overlay": False}
+    grid_cells = 8  # default image groups: a grid of grid_cells x grid_cells patches
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        feature_mask: Tensor | tuple[Tensor, ...] | None = None,
+        baselines: Any = 0.0,
+        batch_size: int | None = 64,
+        max_memory: int | None = None,
+        seed: int | None = 0,
+        generator: torch.Generator | None = None,
+        progress: bool | None = None,
+        eval_mode: bool = True,
+    ) -> None:
+        super().__init__(model, batch_size=batch_size, progress=progress, eval_mode=eval_mode)
+        check_baselines(baselines)
+        self.max_memory = int_option("max_memory", max_memory, "None or an int >= 1 (bytes)", optional=True)
+        if seed is not None and not is_int(seed):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.feature_mask = feature_mask
+        self.baselines = baselines
+        self.seed = seed
+        self.generator = generator
+
+    def _allows_integer_inputs(self) -> bool:
+        return True  # token ids: a coalition keeps a token or puts the baseline's id (a pad / mask token) there
+
+    def _generator(self) -> torch.Generator:
+        if self.generator is not None:
+            return self.generator
+        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        return torch.Generator().manual_seed(seed)
+
+    # -- calling convention ----------------------------------------------------------------------------------------
+    def attribute(  # type: ignore[override]
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        feature_mask: Tensor | tuple[Tensor, ...] | None = None,
+        baselines: Any = None,
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+    ) -> Tensor | tuple[Tensor, ...]:
+        """Attributions shaped like `inputs` (N, ...), or (N, K, ...) with K targets; each element holds its group's
+        value. `feature_mask` / `baselines` override the method's defaults for this call."""
+        return self.attribute_with_targets(
+            inputs,
+            target,
+            feature_mask=feature_mask,
+            baselines=baselines,
+            additional_forward_args=additional_forward_args,
+            forward_kwargs=forward_kwargs,
+        )[0]
+
+    def attribute_with_targets(  # type: ignore[override]
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: TargetSpec = None,
+        *,
+        feature_mask: Tensor | tuple[Tensor, ...] | None = None,
+        baselines: Any = None,
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
+        if baselines is not None:
+            check_baselines(baselines)
+        x, kwargs, single = self._call_args(inputs, additional_forward_args, forward_kwargs)
+        kwargs["feature_mask"] = feature_mask
+        kwargs["baselines"] = baselines
+        attribution, targets = self._explain(x, target, **kwargs)
+        return (attribution[0] if single and isinstance(attribution, tuple) else attribution), targets
+
+    def _explain(self, x: Any, target: Any, **kwargs: Any) -> tuple[Any, Targets]:
+        # groups, baselines and the budget are checked here, before the model is touched
+        xs = x if isinstance(x, tuple) else (x,)
+        mask_spec = kwargs.pop("feature_mask", None)
+        masks, m = check_masks(self.feature_mask if mask_spec is None else mask_spec, xs, self.grid_cells)
+        self._check_groups(m)
+        self._check_batch(xs[0].shape[0])
+        spec = kwargs.pop("baselines", None)
+        generator = self._generator()
+        ref = resolve_baselines(self.baselines if spec is None else spec, xs, generator)
+        row_bytes = sum(t[0].numel() * t.element_size() for t in xs)
+        rows = self.batch_size if self.batch_size is not None else 2**62
+        if self.max_memory is not None:
+            if self.max_memory < row_bytes:
+                raise ValueError(
+                    f"max_memory={self.max_memory} bytes does not hold one coalition's input row ({row_bytes} bytes: "
+                    f"{' + '.join(str(tuple(t.shape[1:])) for t in xs)} elements of {xs[0].dtype}); raise max_memory "
+                    f"to at least {row_bytes} bytes"
+                )
+            rows = min(rows, self.max_memory // row_bytes)
+        kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator)
+        return super()._explain(x, target, **kwargs)
+
+    def _check_groups(self, m: int) -> None:
+        """Refuse group counts the method cannot handle (before any forward pass)."""
+
+    def _check_batch(self, n: int) -> None:
+        """Refuse batch sizes the method cannot handle (before any forward pass)."""
+
+    def _run(self, x: Any, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Any, Targets]:
+        xs = tuple(t.detach() for t in (x if isinstance(x, tuple) else (x,)))
+        masks, m = kwargs["groups"]
+        fwd: ForwardArgs = kwargs.get("forward_args") or ForwardArgs((), xs[0].shape[0])
+        targets, plan = self._clean(xs, target, fwd)  # type: ignore[arg-type]
+        engine = Coalitions(self, xs, masks, m, kwargs["reference"], plan, fwd, kwargs["rows_per_pass"])
+        engine.k = targets.scores.shape[1]
+        phi = self._groups(engine, targets.scores.double(), kwargs["generator"])  # (N, K, M)
+        # what the call cost, for benchmarks and curious users: forward passes and coalitions (the clean pass aside)
+        self.last_passes, self.last_coalitions = engine.passes, engine.evaluated
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in xs) else torch.float32
+        return spread(phi.to(dtype), masks, xs), targets
+
+    def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
+        """The (N, K, M) float64 attributions of the M groups; `clean` the (N, K) scores of the inputs."""
+        raise NotImplementedError
+
+
+def full_and_empty(m: int) -> Tensor:
+    """The (2, M) coalitions [all groups, no group]."""
+    return torch.stack([torch.ones(m, dtype=torch.bool), torch.zeros(m, dtype=torch.bool)])
