@@ -9,12 +9,25 @@ from contextlib import contextmanager
 from torch import nn
 
 
+def _every_module(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model.modules()``, each once, breadth first: one list walk instead of a generator per level
+    (the flags are saved at every call of every method)."""
+    found = [model]
+    seen = {id(model)}
+    for module in found:  # grows while it is walked
+        for child in module._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                found.append(child)
+    return found
+
+
 @contextmanager
 def training_restored(model: nn.Module) -> Iterator[list[tuple[nn.Module, bool]]]:
     """Every module's ``training`` flag put back as it was on any exit (``KeyboardInterrupt`` included), whatever
     the block sets: per module, so a model that mixes train and eval submodules gets the same mix back. Yields the
     saved (module, flag) pairs."""
-    modes = [(m, m.training) for m in model.modules()]
+    modes = [(m, m.training) for m in _every_module(model)]
     try:
         yield modes
     finally:

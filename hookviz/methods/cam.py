@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..hooks import HookError, HookManager
+from ..hooks import HookError, HookManager, Selection
 from ..layouts import Layout, LayoutSpec, check_layout, resolve_layout
 from ..targets import (
     BackwardStrategy,
@@ -246,7 +246,7 @@ class CAMAttribution(Attribution):
         # A manager of its own: the layer hook is gone before anything else runs the model (Score-CAM's masked
         # forwards, Guided Grad-CAM's guided pass).
         with HookManager(self.model) as layer_hooks:
-            layer_hooks.forward(module, on_layer)
+            layer_hooks.forward(_placed(self.model, name, module), on_layer)
             output = fwd(self.model, [t.detach() for t in xs])
         targets = resolve_targets(target, output, xs[0].shape[0])
         if not acts:
@@ -280,6 +280,17 @@ class CAMAttribution(Attribution):
             model=self.model,
             argname="layout" if self.layout is not None else "reshape",
         )
+
+
+def _placed(model: nn.Module, name: str, module: nn.Module) -> Selection | nn.Module:
+    """The layer as a resolved `Selection` where the model still holds it under its name (a look-up along the dotted
+    name, not a walk of the whole model at every call); else the module, which `select_modules` looks for (and
+    refuses with its message when the model no longer holds it)."""
+    try:
+        held = model.get_submodule(name) is module
+    except AttributeError:
+        held = False
+    return Selection([(name, module)]) if held else module
 
 
 def _weighted_sum(weights: Tensor, acts: Tensor) -> Tensor:
