@@ -19,6 +19,9 @@ Configurations (random weights, seed 0, eval mode, parameters frozen):
 
 - ``cnn``: three 3x3 convolutions (3 -> 8 -> 8 -> 8 channels) with ReLUs, average pooling and a linear layer on
   8x8 images, batch 1; Grad-CAM at the last ReLU (``5``);
+- ``deep``: resnet50's number of ReLU calls (49) without its compute: a stem and 24 torchvision ``BasicBlock``s of
+  8 channels (BatchNorm, in-place ReLUs, residual additions) on 8x8 images, batch 1; Grad-CAM at the blocks' output
+  (``3``);
 - ``resnet18``: torchvision's resnet18 on 32x32 images, batch 1 (17 ReLU calls); Grad-CAM at ``layer4``;
 - ``resnet18-bf16``: the same at batch 16 with every row, floors included, under
   ``torch.autocast("cpu", dtype=torch.bfloat16)`` (part 5: the casts hookviz adds).
@@ -63,14 +66,20 @@ def _frozen(model: nn.Module) -> nn.Module:
 
 def tiny_cnn() -> nn.Module:
     torch.manual_seed(0)
-    return _frozen(
-        nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
-        )  # fmt: skip
-    )
+    convs = [m for i in range(3) for m in (nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1), nn.ReLU())]
+    return _frozen(nn.Sequential(*convs, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)))
+
+
+def deep_cnn() -> nn.Module:
+    """resnet50's count of ReLU calls (49) and convolutions without its compute: a stem (3x3 convolution, BatchNorm,
+    in-place ReLU) and 24 torchvision ``BasicBlock``s of 8 channels."""
+    from torchvision.models.resnet import BasicBlock
+
+    torch.manual_seed(0)
+    stem = [nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True)]
+    blocks = [BasicBlock(8, 8) for _ in range(24)]
+    head = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)]
+    return _frozen(nn.Sequential(*stem, nn.Sequential(*blocks), *head))
 
 
 def resnet18() -> nn.Module:
@@ -83,6 +92,7 @@ def resnet18() -> nn.Module:
 # name -> (model builder, image size, batch, bf16 autocast, Grad-CAM layer)
 CONFIGS: dict[str, tuple[Callable[[], nn.Module], int, int, bool, str]] = {
     "cnn": (tiny_cnn, 8, 1, False, "5"),
+    "deep": (deep_cnn, 8, 1, False, "3"),
     "resnet18": (resnet18, 32, 1, False, "layer4"),
     "resnet18-bf16": (resnet18, 32, 16, True, "layer4"),
 }
@@ -197,6 +207,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     lines: list[str] = []
+    summary: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         packages = {"": "hookviz"}
         if args.base:
@@ -220,20 +231,46 @@ def main() -> None:
                 extra = "" if row in ("floor", "CAM floor") else extra_ops(ops[row], ops[f])
                 lines.append(f"| {row} | {med[row]:.3f} | {ratio:.2f} | {sum(ops[row].values())} | {extra} |")
             lines.append("")
-            print("\n".join(lines[-len(rows) - 4 :]), flush=True)
+            print("\n".join(lines[-len(rows) - 5 :]), flush=True)
+            if args.base:
+                for method in METHODS:
+                    f = floor_of(method)
+                    old, new = med[f"base {method}"], med[method]
+                    summary.append(
+                        f"| {config} | {method} | {old:.3f} ({old / med[f]:.2f}) | {new:.3f} ({new / med[f]:.2f}) | "
+                        f"{old - med[f]:+.3f} -> {new - med[f]:+.3f} | {sum(ops[f'base {method}'].values())} -> "
+                        f"{sum(ops[method].values())} ({sum(ops[f].values())}) |"
+                    )
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         head = "?"
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "hookviz"], capture_output=True,
+                           text=True).stdout.split("\n")  # fmt: skip
+    dirty = [line[3:] for line in dirty if line.strip()]
     meta = (
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 torch thread; process CPU time, "
         f"median of {args.repeats} calls after 3 warm-up calls per row, rows round-robin; hookviz at {head}"
-        + (f", base rows: hookviz at {args.base}" if args.base else "")
+        + (f" (uncommitted in hookviz/: {', '.join(dirty)})" if dirty else "")
+        + (f"; base rows: hookviz at {args.base}" if args.base else "")
+        + ". No GPU: these are the CPU proxies for issue 35's GPU rows, not GPU figures."
     )
     if args.out:
         cmd = "OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py " + " ".join(sys.argv[1:])
-        text = [f"# Per-call overhead on the CPU (issue 35, parts 3 and 5)", "", f"`{cmd}`", "", meta, "", *lines]
+        text = ["# Per-call overhead on the CPU (issue 35, parts 3 and 5)", "", f"`{cmd}`", "", meta, ""]
+        if summary:
+            text += [
+                "**Before and after** (the base revision's rows against this checkout's, same run): ms per call "
+                "(× its floor), hookviz's time above the floor, aten ops per call (the floor's).",
+                "",
+                "| config | method | before ms (× floor) | after ms (× floor) | ms above the floor | aten ops (floor) "
+                "|",
+                "|---|---|---:|---:|---:|---:|",
+                *summary,
+                "",
+            ]
+        text += lines
         Path(args.out).write_text("\n".join(text))
     print(meta)
 
