@@ -257,7 +257,9 @@ class CoalitionAttribution(PerturbationAttribution):
         baselines: the default baselines: a number, a tensor broadcasting to the inputs, ``"blur"`` (a Gaussian blur
             of the image, sigma = max(H, W) / 16; ``("blur", sigma)`` to choose), a `Background` distribution, or a
             tuple of those per input tensor.
-        batch_size: rows (built inputs) per forward pass at most; None: no limit but `max_memory`.
+        batch_size: rows (built inputs) per forward pass at most; None (default): about 2^20 input elements per pass
+            (4 MiB of float32), between 64 and 4096 rows: 64 rows of 224 x 224 images, 85 of 64 x 64 ones, 4096
+            tabular rows, so that small models are not run in many small passes.
         max_memory: bytes of built inputs per forward pass at most (None: no limit but `batch_size`); a budget
             below one row's inputs is refused before any forward pass, with both numbers.
         seed / generator: the draws (coalitions, permutations, background samples) come from `generator` (a cpu
@@ -277,7 +279,7 @@ class CoalitionAttribution(PerturbationAttribution):
         *,
         feature_mask: Tensor | tuple[Tensor, ...] | None = None,
         baselines: Any = 0.0,
-        batch_size: int | None = 64,
+        batch_size: int | None = None,
         max_memory: int | None = None,
         seed: int | None = 0,
         generator: torch.Generator | None = None,
@@ -356,7 +358,8 @@ class CoalitionAttribution(PerturbationAttribution):
         generator = self._generator()
         ref = resolve_baselines(self.baselines if spec is None else spec, xs, generator)
         row_bytes = sum(t[0].numel() * t.element_size() for t in xs)
-        rows = self.batch_size if self.batch_size is not None else 2**62
+        elements = sum(t[0].numel() for t in xs)
+        rows = self.batch_size if self.batch_size is not None else min(max(64, 2**20 // max(elements, 1)), 4096)
         if self.max_memory is not None:
             if self.max_memory < row_bytes:
                 raise ValueError(
@@ -384,6 +387,7 @@ class CoalitionAttribution(PerturbationAttribution):
         phi = self._groups(engine, targets.scores.double(), kwargs["generator"])  # (N, K, M)
         # what the call cost, for benchmarks and curious users: forward passes and coalitions (the clean pass aside)
         self.last_passes, self.last_coalitions = engine.passes, engine.evaluated
+        self.last_rows_per_pass = engine.rows_per_pass
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in xs) else torch.float32
         return spread(phi.to(dtype), masks, xs), targets
 

@@ -71,16 +71,13 @@ def kernel_coalitions(m: int, n_samples: int, generator: torch.Generator, paired
         kept = order[torch.cumsum(cost, 0) - cost < left]  # shap stops once the budget is used (a pair may finish it)
         stop = int(first[kept].max()) + 1 if kept.numel() < uniq.shape[0] else draws  # draws made before it stopped
         counts = torch.bincount(inverse[:stop], minlength=uniq.shape[0]).double()[kept]
-        rows_list, w_list = [], []
-        for mask, c, pair in zip(uniq[kept], counts, is_paired[kept], strict=True):
-            rows_list.append(mask)
-            w_list.append(c)
-            if pair:
-                rows_list.append(~mask)
-                w_list.append(c)
-        sampled_w = torch.stack(w_list)
+        # each kept coalition, then its complement where paired (shap's order), without a Python loop
+        picked, pair = uniq[kept], is_paired[kept]
+        present = torch.stack([torch.ones_like(pair), pair], 1).flatten()
+        sampled = torch.stack([picked, ~picked], 1).flatten(0, 1)[present]
+        sampled_w = counts.repeat_interleave(2)[present]
         sampled_w *= float(weight[full:].sum()) / sampled_w.sum()
-        masks.append(torch.stack(rows_list))
+        masks.append(sampled)
         weights.append(sampled_w)
     return torch.cat(masks), torch.cat(weights)
 
