@@ -72,6 +72,7 @@ LAYERS: list[str] = [
     "hookviz.interventions.*",
     # sparse autoencoders on any layer: training through hooks, splicing, attribution to latents (issue 37)
     "hookviz.features.*",
+    "hookviz.zoo.sae",  # the zoo's shipped SAE of the retrieval LM, a hookviz.features.SAE (issue 37)
     "hookviz.flow.kernels",
     "hookviz.flow.layout",
     "hookviz.flow.watch",
