@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .concepts import CRP, TCAV, TCAVResult
 from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
-from .features import SAE, evaluate_sae, latent_attribution, splice, train_sae
+from .features import SAE, evaluate_sae, latent_attribution, latent_edges, splice, train_sae
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
 from .generation import GenerationExplanation, explain_generation
@@ -158,6 +158,7 @@ __all__ = [
     "explain_generation",
     "evaluate_sae",
     "latent_attribution",
+    "latent_edges",
     "splice",
     "train_sae",
     "feature_grid",
