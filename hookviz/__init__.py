@@ -13,7 +13,7 @@ from .explanation import Explanation
 from .features import SAE, evaluate_sae, latent_attribution, latent_edges, splice, train_sae
 from .figures import grid, save_figure
 from .flow import Alarm, Alarms, FlowReport, FlowStats, GradientFlow, GradientFlowError, GradientFlowWarning
-from .generation import GenerationExplanation, explain_generation
+from .generation import GenerationExplanation, explain_generation, explain_generation_latents
 from .hooks import HookError, HookManager, hook_counts, select_modules
 from .images import IMAGENET, Batch, Preset, auto_preprocess, load_images
 from .integrations.tracker import ExplanationTracker
@@ -156,6 +156,7 @@ __all__ = [
     "evaluate",
     "explain_dataset",
     "explain_generation",
+    "explain_generation_latents",
     "evaluate_sae",
     "latent_attribution",
     "latent_edges",
