@@ -10,29 +10,10 @@ import torch
 from torch import Tensor, nn
 
 from .._device import to_device
+from ..interventions.intervene import first_tensor as first_tensor  # re-exported: one definition, interventions'
+from ..interventions.intervene import rebuild as rebuild
 
 Select = Callable[[Tensor], Tensor]
-
-
-def first_tensor(output: Any) -> Tensor | None:
-    """A module's output tensor: the output itself, or the first element of a tuple / list output."""
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
-        return output[0]
-    return None
-
-
-def rebuild(output: Any, tensor: Tensor) -> Any:
-    """`output` with its tensor (or first element) replaced by `tensor`, its other elements kept."""
-    if isinstance(output, Tensor):
-        return tensor
-    rest = list(output[1:])
-    if isinstance(output, list):
-        return [tensor, *rest]
-    if hasattr(output, "_fields"):  # a namedtuple
-        return type(output)(tensor, *rest)
-    return type(output)((tensor, *rest))
 
 
 class _Stop(Exception):

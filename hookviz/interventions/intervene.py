@@ -72,7 +72,8 @@ def _adapt(fn: Any, key: str) -> Callable[[Tensor, CallSite], Any]:
     return lambda a, site: fn(a)
 
 
-def _first(output: Any) -> Tensor | None:
+def first_tensor(output: Any) -> Tensor | None:
+    """A module's output tensor: the output itself, or the first element of a tuple / list output."""
     if isinstance(output, Tensor):
         return output
     if isinstance(output, tuple | list) and output and isinstance(output[0], Tensor):
@@ -80,7 +81,8 @@ def _first(output: Any) -> Tensor | None:
     return None
 
 
-def _rebuild(output: Any, tensor: Tensor) -> Any:
+def rebuild(output: Any, tensor: Tensor) -> Any:
+    """`output` with its tensor (or first element) replaced by `tensor`, its other elements kept."""
     if isinstance(output, Tensor):
         return tensor
     rest = list(output[1:])
@@ -169,7 +171,7 @@ def intervene(
     def on_forward(name: str, module: nn.Module, args: Any, output: Any) -> Any:
         key = counter.key(name)
         call = int(key.rpartition("#")[2]) if key != name else 0
-        tensor = _first(output)
+        tensor = first_tensor(output)
         todo = [p for p in plans[name] if p.call is None or p.call == call]
         if not todo:
             return None
@@ -188,7 +190,7 @@ def intervene(
             _check_result(result, tensor, plan.key)
             tensor = result
             state.fired[plan.key] += 1
-        return _rebuild(output, tensor)
+        return rebuild(output, tensor)
 
     with HookManager(model) as hooks:
         hooks.forward_pre(model, counter.reset)

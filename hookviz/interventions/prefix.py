@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from .._calls import CallCounter
 from ..hooks import HookManager
 from ._common import ChunkBuffers, call_model, expand_inputs
-from .intervene import _first, _rebuild
+from .intervene import first_tensor, rebuild
 
 __all__ = [
     "Call",
@@ -386,13 +386,13 @@ def short_circuited(
                     out = plan.output(key, k, watch, buffers)
                 else:
                     out = original(*args, **kwargs)
-                tensor = _first(out)
+                tensor = first_tensor(out)
                 if tensor is None:
                     raise TypeError(
                         f"module {name!r} returned {type(out).__name__}: patching edits a tensor output or the first "
                         "tensor of a tuple / list output"
                     )
-                return _rebuild(out, edit(tensor))
+                return rebuild(out, edit(tensor))
             if key in skip:
                 bump(key)
                 return plan.output(key, k, watch, buffers)
