@@ -490,3 +490,71 @@ def test_concepts_tcav_errors_are_one_line_with_exit_code_2(tmp_path, capsys) ->
     with pytest.raises(SystemExit) as exc:
         main(["concepts"])
     assert exc.value.code == 2
+
+
+# -------------------------------------------------------------------------------------------------- concepts crp
+
+
+def test_concepts_crp_demo_writes_maps_table_relmax_and_report(tmp_path, capsys) -> None:
+    import json
+
+    out, rep = tmp_path / "out", tmp_path / "rep"
+    args = ["--demo", "--relmax-data", "shapes:40", "--k", "3", "--out", str(out), "--report", str(rep)]
+    assert main(["concepts", "crp", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "| shapes #0 | 5 (ring) |" in printed and "wrote" in printed
+    data = json.loads((out / "concept_relevance.json").read_text())
+    assert data["method"] == "CRP" and data["layer"] == "features.3" and data["channels"] == [25, 8, 89]
+    assert [r["target"] for r in data["inputs"]] == ["5 (ring)"] * 2 + ["3 (star)"] * 2 + ["4 (cross)"] * 2
+    # each demo channel carries more of its own class's relevance than of the other classes'
+    for j, c in enumerate(data["channels"]):
+        own = min(r["relevance"][str(c)] for r in data["inputs"][2 * j : 2 * j + 2])
+        others = max(r["relevance"][str(c)] for i, r in enumerate(data["inputs"]) if i // 2 != j)
+        assert own > others, (c, own, others)
+    assert data["relmax"]["data"] == "shapes:40" and data["relmax"]["target"] == "label"
+    assert all(len(v["items"]) == 3 for v in data["relmax"]["relevance"].values())
+    assert "| input | target | R at layer | ch 25 | ch 8 | ch 89 |" in (out / "concept_relevance.md").read_text()
+    for name in ("crp_maps.png", "concept_relevance.png", "relmax.png", "actmax.png"):
+        with Image.open(out / name) as im:
+            assert im.size[0] > 300 and im.size[1] > 150, name
+    assert (out / "relmax").is_dir()  # the resumable state
+    page = (rep / "concept" / "2.html").read_text()
+    assert "CRP: channel 89 of features.3" in page and 'src="2-relmax.png"' in page and 'src="2-maps.png"' in page
+    assert 'src="concept/0-relmax.png"' in (rep / "index.html").read_text()
+
+
+def test_concepts_crp_on_a_folder_with_a_class_name_target(tmp_path, capsys) -> None:
+    import json
+
+    from hookviz.zoo import shapes
+
+    (tmp_path / "in").mkdir()
+    for i, x in enumerate(shapes(3, seed=4).images):
+        Image.fromarray((x.permute(1, 2, 0) * 255).round().byte().numpy()).save(tmp_path / "in" / f"{i}.png")
+    args = ["--model", "shapes", "--layer", "features.3", "--channels", "3,7", "--inputs", str(tmp_path / "in"),
+            "--target", "ring", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(["concepts", "crp", *args]) == 0
+    data = json.loads((tmp_path / "out" / "concept_relevance.json").read_text())
+    assert [r["input"] for r in data["inputs"]] == ["0.png", "1.png", "2.png"] and data["channels"] == [3, 7]
+    assert {r["target"] for r in data["inputs"]} == {"5 (ring)"} and "relmax" not in data
+    assert not (tmp_path / "out" / "relmax.png").exists()
+
+
+def test_concepts_crp_errors_are_one_line_with_exit_code_2(tmp_path, capsys) -> None:
+    def fails(*args: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(["concepts", "crp", *args, "--out", str(tmp_path / "out")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hookviz concepts: error:") and err.count("\n") == 1, err
+        return err
+
+    assert "--layer, --channels, --inputs needed" in fails("--model", "shapes")
+    assert "--channels: expected comma-separated" in fails("--demo", "--channels", "3,x")
+    assert "given twice" in fails("--demo", "--channels", "3,3")
+    assert "--relmax-data: expected shapes:N" in fails("--demo", "--relmax-data", "mnist:10")
+    assert "--k: expected at least 1" in fails("--demo", "--k", "0")
+    assert "--demo runs on an embedded model" in fails("--demo", "--model", "torchvision:resnet18")
+    err = fails("--demo", "--channels", "3,500", "--relmax-data", "shapes:4")
+    assert "500" in err and "96" in err  # the layer's channel count named
+    assert "conv9" in fails("--demo", "--layer", "conv9", "--relmax-data", "shapes:4")

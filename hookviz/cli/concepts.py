@@ -1,5 +1,7 @@
 """``hookviz concepts``: which human concepts a model uses. ``hookviz concepts tcav``: TCAV scores with p-values,
 written as a table (Markdown), a figure (PNG) and a JSON of `TCAVResult.to_dict`, and optionally an HTML report.
+``hookviz concepts crp``: CRP's conditional heat maps of some channels of a layer, their concept relevance (table
+and JSON) and, over a data set, their RelMax / ActMax reference examples; optionally an HTML report.
 
 Each concept method is one subcommand of ``concepts`` (`CONCEPT_COMMANDS`: a new one plugs in with one line)."""
 
@@ -48,8 +50,8 @@ def add_parser(sub: Any) -> None:
     """The ``concepts`` command and its subcommands."""
     p = sub.add_parser(
         "concepts",
-        help="which human concepts a model uses (concepts tcav: TCAV scores with p-values)",
-        description="Concept-based explanations: 'hookviz concepts tcav --help'.",
+        help="which human concepts a model uses (concepts tcav: TCAV scores with p-values; concepts crp: CRP)",
+        description="Concept-based explanations: 'hookviz concepts tcav --help', 'hookviz concepts crp --help'.",
     )
     methods = p.add_subparsers(dest="concept_command", required=True, metavar="METHOD")
     for add in CONCEPT_COMMANDS:
@@ -99,8 +101,67 @@ def _add_tcav(sub: Any) -> None:
     p.set_defaults(run=_tcav)
 
 
+CRP_DESCRIPTION = """\
+CRP (Achtibat et al., 2023): LRP relevance conditioned on channels of a layer. For each input and each channel of
+--channels, the heat map of the relevance that flows through that channel (crp_maps.png: a row per input), and each
+channel's relevance R_c at the layer (concept_relevance.md / .json: the asked channels' R_c and share of the layer's
+total, and the input's top channels). With --relmax-data, the data set's items most relevant (RelMax) and most
+activating (ActMax) per channel, cropped to where the channel acts (relmax.png, actmax.png, relmax.json; the run's
+state in --out/relmax, resumed when run again with the same settings). With --report DIR an HTML page per channel.
+
+--model takes the same forms as in 'hookviz explain'. --relmax-data: shapes:N (N items of the shapes data with their
+labels as targets) or an image folder (each item's top class, or --target). --demo runs offline on the shapes CNN
+(or --model vit): layer features.3 (vit: blocks.3.mlp.act), channels picked for ring, star and cross, two inputs of
+each of those classes with their true class as target, RelMax over shapes:200; any option given replaces its part.
+
+examples:
+  hookviz concepts crp --demo --out runs/crp --report runs/crp-report
+  hookviz concepts crp --model torchvision:resnet18:DEFAULT --layer layer4 --channels 3,7 --inputs images/ \\
+      --target 340 --out runs/crp --relmax-data images/pool --k 8
+"""
+
+# --demo per embedded model: the layer, channels (ring, star, cross; docs/concepts.md) and the classes of the inputs
+CRP_DEMO: dict[str, tuple[str, tuple[int, ...]]] = {
+    "shapes": ("features.3", (25, 8, 89)),
+    "vit": ("blocks.3.mlp.act", (17, 40, 90)),
+}
+CRP_DEMO_CLASSES = ("ring", "star", "cross")
+
+
+def _add_crp(sub: Any) -> None:
+    p = sub.add_parser(
+        "crp",
+        help="CRP: heat maps conditioned on channels of a layer, their relevance, RelMax / ActMax examples",
+        description=CRP_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model", default=None, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"
+    )
+    p.add_argument("--layer", default=None, metavar="L", help="the layer whose channels condition (module name)")
+    p.add_argument("--channels", default=None, metavar="C,C,...", help="channel indices of --layer, e.g. 3,7")
+    p.add_argument(
+        "--inputs", action="append", default=None, metavar="PATH", help="image folder or file to explain; repeatable"
+    )
+    p.add_argument(
+        "--target", default=None, metavar="CLASS", help="class index or name for every input (default: top class)"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the maps, tables and figures")
+    p.add_argument("--relmax-data", default=None, metavar="shapes:N | DIR", help="data set for RelMax / ActMax")
+    p.add_argument("--k", type=int, default=8, help="reference examples per channel (default: %(default)s)")
+    p.add_argument("--report", default=None, metavar="DIR", help="also write an HTML report (a page per channel)")
+    p.add_argument("--demo", action="store_true", help="offline on an embedded model: shapes inputs and data")
+    p.add_argument("--composite", default=None, help="LRP composite (default: the one LRP picks for the model)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="RelMax items per pass")
+    p.add_argument("--weights", default=None, help="torchvision / timm weights (as in 'hookviz explain')")
+    p.add_argument("--size", type=int, default=None, help="input size (default: the model's own)")
+    p.add_argument("--trust-pickle", action="store_true", help="unpickle --model PATH.pt fully (trusted files only)")
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    p.set_defaults(run=_crp)
+
+
 # one entry per concept method: its function adds the subcommand
-CONCEPT_COMMANDS = (_add_tcav,)
+CONCEPT_COMMANDS = (_add_tcav, _add_crp)
 
 
 def _parse_concepts(specs: list[str]) -> dict[str, str]:
@@ -247,3 +308,178 @@ def _examples(examples: Any, name: str) -> Any:
     if isinstance(examples, str):
         return [str(f) for f in image_files(Path(examples), f"--concept {name}")]
     return examples
+
+
+# -------------------------------------------------------------------------------------------------------------- crp
+def _channels(spec: str) -> list[int]:
+    try:
+        channels = [int(c) for c in spec.split(",") if c.strip()]
+    except ValueError:
+        raise UsageError(f"--channels: expected comma-separated channel indices (e.g. 3,7), got {spec!r}") from None
+    if not channels or min(channels) < 0:
+        raise UsageError(f"--channels: expected channel indices >= 0 (e.g. 3,7), got {spec!r}")
+    if len(set(channels)) != len(channels):
+        raise UsageError(f"--channels: a channel is given twice in {spec!r}")
+    return channels
+
+
+def _check_crp(args: argparse.Namespace) -> None:
+    if args.k < 1:
+        raise UsageError(f"--k: expected at least 1 reference example, got {args.k}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size: expected at least 1, got {args.batch_size}")
+    if args.demo and args.model is not None and args.model not in ZOO_MODELS:
+        raise UsageError(f"--demo runs on an embedded model: --model {' or '.join(ZOO_MODELS)}, got {args.model!r}")
+    if not args.demo:
+        missing = [f for f, v in (("--model", args.model), ("--layer", args.layer), ("--channels", args.channels),
+                                  ("--inputs", args.inputs)) if v is None]  # fmt: skip
+        if missing:
+            raise UsageError(f"{', '.join(missing)} needed (or --demo for the shapes CNN and data)")
+    spec = args.relmax_data
+    if spec is not None and not spec.startswith("shapes:") and not Path(spec).is_dir():
+        raise UsageError(f"--relmax-data: expected shapes:N or an image folder, got {spec!r}")
+    if spec is not None and spec.startswith("shapes:"):
+        n = spec.partition(":")[2]
+        if not n.isdigit() or int(n) < 1:
+            raise UsageError(f"--relmax-data: expected shapes:N with N >= 1 items, got {spec!r}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {args.out!r} is a file; pass a folder (created if missing)")
+
+
+def _crp_demo_inputs() -> tuple[Any, Any]:
+    """--demo's inputs: two shapes of each of `CRP_DEMO_CLASSES` (a seed training never draws) and their classes."""
+    import torch
+
+    from ..zoo import CLASSES, shapes
+
+    test = shapes(120, seed=27)
+    idx = torch.cat([(test.labels == CLASSES.index(c)).nonzero()[:2, 0] for c in CRP_DEMO_CLASSES])
+    return test.images[idx], test.labels[idx]
+
+
+def _relmax_data(spec: str, model: Any, preprocess: Any) -> tuple[Any, str | None]:
+    """The data set of --relmax-data and RelMax's target for it ("label" for the shapes data)."""
+    if spec.startswith("shapes:"):
+        from ..zoo import ShapesDataset
+
+        return ShapesDataset(int(spec.partition(":")[2]), seed=31), "label"
+    from ..concepts.examples import load_examples
+
+    return load_examples(model, spec, "--relmax-data", preprocess=preprocess, minimum=1).cpu(), None
+
+
+def _crp(args: argparse.Namespace) -> int:
+
+    from ..concepts import CRP
+    from ..concepts.crp import concept_relevance_figure, conditional_figure
+    from ..concepts.examples import load_examples
+
+    _check_crp(args)
+    device = _parse_device(args.device)
+    if args.demo and args.model is None:
+        args.model = "shapes"
+    channels = _channels(args.channels) if args.channels is not None else None
+    files = _inputs(args.inputs) if args.inputs else None
+    model, preprocess, labels, note = _load_model(args)
+    model = model.to(device).eval()
+    if note.startswith("note:"):
+        print(note)
+    target: Any = _target(args.target, labels)
+    layer = args.layer
+    names: list[str]
+    if files is not None:
+        x = load_examples(model, files, "--inputs", preprocess=preprocess, minimum=1)
+        names = [Path(f).name for f in files]
+    if args.demo:
+        demo_layer, demo_channels = CRP_DEMO[args.model]
+        layer = layer or demo_layer
+        channels = channels or list(demo_channels)
+        if files is None:
+            x, true = _crp_demo_inputs()
+            names = [f"shapes #{i}" for i in range(len(true))]
+            target = true if target is None else target
+        if args.relmax_data is None:
+            args.relmax_data = "shapes:200"
+    assert channels is not None and layer is not None
+    x = x.to(device)
+    crp = CRP(model, args.composite)
+    start = time.perf_counter()
+    maps = crp.attribute(x, target, conditions=[{layer: [c]} for c in channels])
+    shares = crp.concept_relevance(x, target, layer)
+    targets = _targets(model, x, target)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    label = [f"{layer}:{c}" for c in channels]
+    rows = [f"{n}\n→ {_name(labels, t)}" for n, t in zip(names, targets, strict=True)]
+    conditional_figure(x.cpu(), maps.cpu(), label, rows=rows).savefig(out / "crp_maps.png", dpi=110)
+    concept_relevance_figure(shares, highlight=channels, title=f"concept relevance at {layer} (mean over inputs)"
+                             ).savefig(out / "concept_relevance.png", dpi=110)  # fmt: skip
+    table = _relevance_table(layer, channels, shares, names, [_name(labels, t) for t in targets])
+    (out / "concept_relevance.md").write_text(table["md"], encoding="utf-8")
+    written = ["crp_maps.png", "concept_relevance.png", "concept_relevance.md", "concept_relevance.json"]
+    refs = None
+    if args.relmax_data is not None:
+        data, rtarget = _relmax_data(args.relmax_data, model, preprocess)
+        rtarget = target if isinstance(target, int) else rtarget
+        refs = crp.relmax(data, layer, str(out / "relmax"), channels=channels, k=args.k, target=rtarget,
+                          batch_size=args.batch_size)  # fmt: skip
+        refs.figure("relevance").savefig(out / "relmax.png", dpi=110)
+        refs.figure("activation").savefig(out / "actmax.png", dpi=110)
+        table["json"]["relmax"] = {
+            "data": args.relmax_data,
+            "target": rtarget,
+            **{kind: {str(c): {"items": top.indices[i].tolist(), "scores": top.scores[i].tolist()}
+                      for i, c in enumerate(refs.channels.tolist())}
+               for kind, top in (("relevance", refs.relevance), ("activation", refs.activation))},
+        }  # fmt: skip
+        written += ["relmax.png", "actmax.png"]
+    (out / "concept_relevance.json").write_text(json.dumps(table["json"], indent=1) + "\n", encoding="utf-8")
+    seconds = time.perf_counter() - start
+    print(table["md"])
+    print(f"wrote {out.resolve()}: {', '.join(written)} ({seconds:.1f} s)")
+    if args.report is not None:
+        from ..report import CRPConcept, report_concepts
+
+        concepts = {lab: CRPConcept(layer, c, references=refs, inputs=x.cpu(), maps=maps[:, j].cpu(),
+                                    relevance=shares[:, c].cpu(), names=[r.replace(chr(10), ' ') for r in rows])
+                    for j, (lab, c) in enumerate(zip(label, channels, strict=True))}  # fmt: skip
+        index = report_concepts(None, args.report, crp=concepts, title=f"CRP: {len(channels)} channels of {layer}")
+        print(f"wrote {index.resolve()}")
+    return 0
+
+
+def _targets(model: Any, x: Any, target: Any) -> list[int]:
+    """Each input's class: the given one(s), else the top class."""
+    import torch
+
+    if target is None:
+        with torch.no_grad():
+            return model(x).argmax(1).tolist()
+    if isinstance(target, int):
+        return [target] * len(x)
+    return [int(t) for t in target]
+
+
+def _name(labels: Any, t: int) -> str:
+    return f"{t} ({labels[t]})" if labels is not None and 0 <= t < len(labels) else str(t)
+
+
+def _relevance_table(layer: str, channels: list[int], shares: Any, names: list[str], targets: list[str]) -> dict:
+    """The asked channels' R_c and share of the layer's total per input, and its top 5 channels: Markdown and JSON."""
+    total = shares.sum(1)
+    head = "| input | target | R at layer | " + " | ".join(f"ch {c}" for c in channels) + " | top 5 channels |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(channels) + "---|"]
+    items = []
+    for i, name in enumerate(names):
+        t = float(total[i])
+        frac = shares[i] / (t if t else 1.0)
+        top = frac.abs().argsort(descending=True)[:5].tolist()
+        cells = " | ".join(f"{float(shares[i, c]):.3g} ({float(frac[c]):.0%})" for c in channels)
+        tops = ", ".join(f"{c} ({float(frac[c]):.0%})" for c in top)
+        lines.append(f"| {name} | {targets[i]} | {t:.3g} | {cells} | {tops} |")
+        items.append({"input": name, "target": targets[i], "total": t,
+                      "relevance": {str(c): float(shares[i, c]) for c in channels},
+                      "top": [[c, float(shares[i, c])] for c in top]})  # fmt: skip
+    md = f"## Concept relevance at {layer}\n\nR_c (share of the layer's R) per input\n\n" + "\n".join(lines) + "\n"
+    return {"md": md, "json": {"method": "CRP", "layer": layer, "channels": channels, "inputs": items}}
