@@ -372,3 +372,44 @@ def test_tcav_leaves_model_process_and_cache_as_they_were(arch_model, scenario, 
             if user_hook is not None:
                 user_hook.remove()
         check_untouched(model, x, snap, grad_enabled)
+
+
+# CRP (hookviz.concepts) conditions LRP on channels: its cases run the models LRP takes, in the same endings and modes,
+# two condition sets on an early layer (SMALL_LAYER's channels 0 and 1; a token layer's features 0 and 1) in one call.
+@pytest.mark.parametrize("eval_mode", [True, False], ids=["eval", "keep-modes"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("arch_model", sorted(set(ARCHS) - set(LRP_REFUSES)), indirect=True)
+@pytest.mark.filterwarnings("ignore:LRP. operations that no rule covers:UserWarning")  # SE blocks' products
+def test_crp_leaves_model_and_process_as_they_were(arch_model, scenario, eval_mode, explainers) -> None:
+    arch, model, x, snap = arch_model
+    grad_enabled = eval_mode  # keep-modes cases run under torch.no_grad()
+    key = ("crp", arch, eval_mode)
+    if key not in explainers:
+        explainers[key] = hv.CRP(model, eval_mode=eval_mode)
+    crp = explainers[key]
+    conditions = [{SMALL_LAYER[arch]: [0]}, {SMALL_LAYER[arch]: [1]}]
+    target: object = [1, 2]
+    expected: tuple[type[BaseException], str | None] | None = None
+    if scenario == "target-out-of-range":
+        target, expected = 10, (ValueError, "out of range")
+    user_hook = None
+    if scenario in ("error-mid-forward", "interrupt-mid-forward"):
+        exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
+
+        def raise_it(module, args, out):
+            raise exc
+
+        user_hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
+        expected = (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+    with torch.set_grad_enabled(grad_enabled):
+        try:
+            if expected is None:
+                out = crp.attribute(x, target=target, conditions=conditions)
+                assert out.shape[:2] == (2, 2) and torch.isfinite(out).all()
+            else:
+                with pytest.raises(expected[0], match=expected[1]):
+                    crp.attribute(x, target=target, conditions=conditions)
+        finally:
+            if user_hook is not None:
+                user_hook.remove()
+        check_untouched(model, x, snap, grad_enabled)
