@@ -523,6 +523,19 @@ def test_concepts_crp_demo_writes_maps_table_relmax_and_report(tmp_path, capsys)
     assert 'src="concept/0-relmax.png"' in (rep / "index.html").read_text()
 
 
+def test_concepts_crp_demo_on_the_vit_picks_a_neuron_per_class(tmp_path, capsys) -> None:
+    import json
+
+    args = ["--demo", "--model", "vit", "--relmax-data", "shapes:8", "--k", "2", "--out", str(tmp_path / "out")]
+    assert main(["concepts", "crp", *args]) == 0
+    data = json.loads((tmp_path / "out" / "concept_relevance.json").read_text())
+    assert data["layer"] == "blocks.3.mlp.act" and data["channels"] == [29, 35, 43]
+    for j, c in enumerate(data["channels"]):  # each neuron is most relevant on its own class's two inputs
+        own = min(r["relevance"][str(c)] for r in data["inputs"][2 * j : 2 * j + 2])
+        others = max(r["relevance"][str(c)] for i, r in enumerate(data["inputs"]) if i // 2 != j)
+        assert own > others, (c, own, others)
+
+
 def test_concepts_crp_on_a_folder_with_a_class_name_target(tmp_path, capsys) -> None:
     import json
 

@@ -1,6 +1,8 @@
 """CRP's figures: conditional heat maps next to their inputs (`conditional_figure`, `heat_rgb`) and each channel's
 share of a layer's relevance as bars (`concept_relevance_figure`). Relevance is signed: red positive, blue negative,
-on a scale symmetric about zero that one input's maps share (so the channels of a row compare)."""
+on a scale symmetric about zero that one input's maps share (so the channels of a row compare), saturated at the
+99.5th percentile of |R| (LRP maps of a transformer put much of their mass on a few pixels, which a scale at the
+largest value would leave as the only visible ones)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,18 @@ import torch
 from torch import Tensor
 
 __all__ = ["concept_relevance_figure", "conditional_figure", "heat_rgb"]
+
+
+#: the quantile of |R| drawn fully saturated
+SATURATE = 0.995
+
+
+def _scale(planes: Sequence[Tensor]) -> float:
+    """The value drawn fully saturated for these maps: the SATURATE quantile of |R| over all of them (else their
+    largest magnitude where that quantile is 0)."""
+    flat = torch.cat([p.abs().flatten() for p in planes])
+    q = float(torch.quantile(flat, SATURATE)) if flat.numel() <= 2**24 else float(flat.max())
+    return q if q > 0 else float(flat.max())
 
 
 def _image(x: Tensor) -> np.ndarray:
@@ -30,11 +44,11 @@ def _plane(heat: Tensor) -> Tensor:
 
 def heat_rgb(heat: Tensor, scale: float | None = None) -> np.ndarray:
     """A relevance map (C, H, W) or (H, W) as (H, W, 3) uint8: red positive, blue negative, white zero; `scale` the
-    value drawn fully saturated (default: the map's largest magnitude)."""
+    value drawn fully saturated (default: the 99.5th percentile of |R|, `SATURATE`)."""
     import matplotlib
 
     plane = _plane(heat)
-    m = float(plane.abs().max()) if scale is None else scale
+    m = _scale([plane]) if scale is None else scale
     rgba = matplotlib.colormaps["bwr"](((plane / (m if m > 0 else 1.0)).clamp(-1, 1) * 0.5 + 0.5).numpy())
     return (rgba[..., :3] * 255).round().astype(np.uint8)
 
@@ -48,8 +62,8 @@ def conditional_figure(
     title: str | None = None,
 ) -> Any:
     """A grid: one row per input, its image then its K maps (`maps` (N, K, C, H, W) or (N, K, H, W), as
-    ``CRP.attribute`` returns for K condition sets) titled by `labels`; each row on one symmetric scale (its
-    largest magnitude), each map's total relevance printed under it. Returns a Figure."""
+    ``CRP.attribute`` returns for K condition sets) titled by `labels`; each row on one symmetric scale (saturated
+    at the 99.5th percentile of the row's |R|), each map's total relevance printed under it. Returns a Figure."""
     import matplotlib.pyplot as plt
 
     if maps.dim() not in (4, 5) or maps.shape[0] != inputs.shape[0]:
@@ -60,7 +74,7 @@ def conditional_figure(
     fig, axes = plt.subplots(n, k + 1, figsize=(1.5 * (k + 1) + 0.4, 1.6 * n + 0.5), squeeze=False)
     for i in range(n):
         planes = [_plane(maps[i, j]) for j in range(k)]
-        scale = max(float(p.abs().max()) for p in planes)
+        scale = _scale(planes)
         axes[i, 0].imshow(_image(inputs[i]))
         axes[i, 0].set_ylabel(rows[i] if rows is not None else f"input {i}", fontsize=8)
         for j, p in enumerate(planes):
