@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from hookviz import METHODS
 from hookviz.cli import main
 from hookviz.zoo import shapes_image
 
@@ -210,7 +211,9 @@ def test_explain_errors_are_one_line_with_exit_code_2(images, tmp_path, capsys) 
     tv = ["--model", "torchvision:resnet18", "--out", out]
     err = fail(capsys, *images, *tv, "--method", "gradcamm")
     assert "unknown method 'gradcamm'" in err and "did you mean 'gradcam'" in err
-    assert "available: attention-rollout, deconvnet, deeplift, deeplift-shap, gradcam, gradcam++" in err
+    # every registered method, in alphabetical order
+    assert "available: " + ", ".join(sorted(METHODS)) in err
+    assert "available: attention-rollout, deconvnet, deeplift, deeplift-shap, feature-ablation, " in err
     assert "lrp-epsilon-plus-flat" in err
     err = fail(capsys, *images, "--model", "torchvision:resnet19", "--method", "gradcam", "--out", out)
     assert "unknown torchvision classification model 'resnet19'" in err and "resnet18" in err
