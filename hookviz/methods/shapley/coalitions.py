@@ -132,7 +132,7 @@ def resolve_baselines(
                     f"Background samples of shape {tuple(s.shape)} do not match the inputs' shape {tuple(x.shape)}: "
                     f"give B samples shaped like one input, (B, {', '.join(map(str, x.shape[1:]))})"
                 )
-            s = s if pick is None else s[pick]
+            s = s if pick is None else s[to_device(pick, s.device)]  # drawn on the host: copied without a wait
             out.append(to_device(s.detach().to(x.dtype), x.device))
         return BackgroundReference(tuple(out), out[0].shape[0])
     specs = spec if isinstance(spec, tuple) and not (len(spec) == 2 and spec[0] == "blur") else (spec,) * len(xs)
@@ -184,8 +184,11 @@ class Coalitions:
     ) -> None:
         self.method = method
         self.xs = xs
-        self.mask_tensors = masks
-        self.masks = tuple(mk.flatten(1) for mk in masks)
+        self.mask_tensors = masks  # on the host (`check_masks`): `hierarchy` reads their layout there
+        self.device = xs[0].device
+        # the group ids on the inputs' device, copied once without a wait: every chunk indexes them
+        self.device_masks = tuple(to_device(mk, self.device) for mk in masks)
+        self.masks = tuple(mk.flatten(1) for mk in self.device_masks)
         self.shapes = tuple(mk.shape for mk in masks)
         self.m = m
         self.ref = ref
@@ -193,7 +196,6 @@ class Coalitions:
         self.fwd = fwd
         self.rows_per_pass = rows_per_pass
         self.n = xs[0].shape[0]
-        self.device = xs[0].device
         self.passes = 0  # forward passes run so far (coalition rows / rows_per_pass, rounded up per call)
         self.k = 1  # targets per input, set once the clean pass has resolved them
         self.evaluated = 0  # coalitions evaluated so far (each on every input, and every background row)
@@ -389,11 +391,26 @@ class CoalitionAttribution(PerturbationAttribution):
         self.last_passes, self.last_coalitions = engine.passes, engine.evaluated
         self.last_rows_per_pass = engine.rows_per_pass
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in xs) else torch.float32
-        return spread(phi.to(dtype), masks, xs), targets
+        return spread(phi.to(dtype), engine.device_masks, xs), targets
 
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
         """The (N, K, M) float64 attributions of the M groups; `clean` the (N, K) scores of the inputs."""
         raise NotImplementedError
+
+
+def solve_host_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """``a^-1 b`` for a square float64 `a` built on the host from the coalitions and their weights alone (drawn
+    there) and `b` on the model's device (from the scores).
+
+    `a` is LU-factored on the host, where whether it is singular is known without reading anything from the device
+    (``torch.linalg.solve`` on the device would read its error flag back: a wait), and the factors go to the device
+    without one (`to_device`). On one device the result equals ``torch.linalg.solve(a, b)`` bit for bit (that is
+    its factorization and solve). A singular `a` (too few distinct coalitions for some direction) takes the
+    least-norm solution ``pinv(a) @ b``, as before."""
+    lu, pivots, info = torch.linalg.lu_factor_ex(a)
+    if int(info) != 0:  # a host tensor: no wait
+        return to_device(torch.linalg.pinv(a), b.device) @ b
+    return torch.linalg.lu_solve(to_device(lu, b.device), to_device(pivots, b.device), b)
 
 
 def full_and_empty(m: int) -> Tensor:

@@ -9,14 +9,16 @@ import torch
 from torch import Tensor, nn
 
 from ..._checks import positive_int
+from ..._device import to_device
 from ..base import register
 from .coalitions import CoalitionAttribution, Coalitions
 
 
-def all_coalitions(m: int) -> Tensor:
-    """The (2^M, M) coalitions, row r holding the bits of r (group i in coalition r iff bit i of r is set)."""
-    r = torch.arange(2**m)
-    return (r[:, None] >> torch.arange(m)) & 1 == 1
+def all_coalitions(m: int, device: torch.device | None = None) -> Tensor:
+    """The (2^M, M) coalitions, row r holding the bits of r (group i in coalition r iff bit i of r is set); built on
+    `device` (the model's: nothing drawn, so nothing to copy)."""
+    r = torch.arange(2**m, device=device)
+    return (r[:, None] >> torch.arange(m, device=device)) & 1 == 1
 
 
 def shapley_weights(m: int) -> Tensor:
@@ -61,16 +63,19 @@ class ShapleyValues(CoalitionAttribution):
 
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
         m = engine.m
-        coalitions = all_coalitions(m)
+        dev = engine.device
+        coalitions = all_coalitions(m, dev)
         v = engine.values(coalitions, "all coalitions")  # (2^M, N, K)
-        w = shapley_weights(m).to(v.device)
-        r = torch.arange(2**m, device=v.device)
-        size = ((r[:, None] >> torch.arange(m, device=v.device)) & 1).sum(1)
-        phi = torch.zeros(*v.shape[1:], m, dtype=torch.float64, device=v.device)
+        w = to_device(shapley_weights(m), dev)
+        size = coalitions.sum(1)
+        phi = torch.zeros(*v.shape[1:], m, dtype=torch.float64, device=dev)
         block = 2**16  # coalitions per step: 2^19 x N x K differences at once could be large
+        q = torch.arange(2 ** (m - 1), device=dev)
         for i in range(m):
+            # the coalitions without group i, in increasing order: q with a 0 bit put in at position i (arithmetic on
+            # the device, where a boolean mask of 0..2^M-1 would read its count back)
+            without = ((q >> i) << (i + 1)) | (q & ((1 << i) - 1))
             # the differences first: a group the model ignores gets exactly 0, whatever the rounding of the sum
-            without = r[(r >> i) & 1 == 0]
             for start in range(0, without.numel(), block):
                 s = without[start : start + block]
                 gain = v[s | (1 << i)] - v[s]  # (S', N, K)

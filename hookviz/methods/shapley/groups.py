@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..._checks import is_int
+from ..._device import to_host
 
 Tree: TypeAlias = "int | tuple[Tree, Tree]"
 
@@ -132,7 +133,8 @@ def default_mask(x: Tensor, cells: int = 8) -> Tensor:
 
 def check_masks(masks: Any, xs: tuple[Tensor, ...], cells: int = 8) -> tuple[tuple[Tensor, ...], int]:
     """Feature masks, one per input tensor, checked before any forward pass and brought to the inputs' rank with
-    first axis 1 or N (on the inputs' device); and the number of groups M.
+    first axis 1 or N, on the host (`hierarchy` reads their layout there; `Coalitions` copies them to the inputs'
+    device without a wait); and the number of groups M.
 
     None: `default_mask` per tensor, the ids of later tensors offset past the earlier ones'.
     """
@@ -170,7 +172,9 @@ def check_masks(masks: Any, xs: tuple[Tensor, ...], cells: int = 8) -> tuple[tup
                 f"per input, (N, ...) with N = {n}"
             )
         checked.append(full.long())
-    ids = torch.unique(torch.cat([m.detach().cpu().flatten() for m in checked]))
+    # the ids on the host, in one copy (a device mask's only read: M, the number of groups, shapes all the work)
+    host = to_host(checked)
+    ids = torch.unique(torch.cat([m.flatten() for m in host]))
     if ids.numel() == 0 or int(ids[0]) != 0 or int(ids[-1]) != ids.numel() - 1:
         shown = ids[:8].tolist()
         raise ValueError(
@@ -178,8 +182,7 @@ def check_masks(masks: Any, xs: tuple[Tensor, ...], cells: int = 8) -> tuple[tup
             f"{'...' if ids.numel() > 8 else ''} ({ids.numel()} distinct); renumber them, e.g. with "
             "torch.unique(mask, return_inverse=True)[1]"
         )
-    device = xs[0].device
-    return tuple(m.to(device) for m in checked), ids.numel()
+    return tuple(host), ids.numel()
 
 
 def spread(phi: Tensor, masks: tuple[Tensor, ...], xs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:

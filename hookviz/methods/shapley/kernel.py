@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from ..._checks import bool_option, int_option
+from ..._device import to_device
 from ..base import register
-from .coalitions import CoalitionAttribution, Coalitions
+from .coalitions import CoalitionAttribution, Coalitions, solve_host_matrix
 
 
 def kernel_coalitions(m: int, n_samples: int, generator: torch.Generator, paired: bool = True) -> tuple[Tensor, Tensor]:
@@ -86,20 +87,19 @@ def eliminated_regression(z: Tensor, w: Tensor, y: Tensor, total: Tensor) -> Ten
     """shap's constrained least squares: phi (M, R) minimising sum_s w_s (y_s - z_s . phi)^2 subject to
     sum_i phi_i = total, by eliminating the last variable (phi_M = total - sum of the others).
 
-    `z` (S, M) 0/1, `w` (S,), `y` (S, R) (v(S) - v(empty)), `total` (R,) (v(G) - v(empty)); float64 throughout, one
-    solve for all R = N x K outputs."""
+    `z` (S, M) 0/1 and `w` (S,) on the host (as drawn: the normal matrix is built and factored there, without a
+    wait, `solve_host_matrix`), `y` (S, R) (v(S) - v(empty)) and `total` (R,) (v(G) - v(empty)) on the model's
+    device; float64 throughout, one solve for all R = N x K outputs."""
     m = z.shape[1]
     if m == 1:
         return total.unsqueeze(0)
-    y2 = y - z[:, -1:] * total[None, :]
+    dev = y.device
+    y2 = y - to_device(z[:, -1:], dev) * total[None, :]
     e = z[:, :-1] - z[:, -1:]
     we = w[:, None] * e
-    a = e.T @ we
-    b = we.T @ y2
-    try:
-        sol = torch.linalg.solve(a, b)
-    except RuntimeError:  # singular: too few distinct coalitions for some directions; the least-norm solution
-        sol = torch.linalg.pinv(a) @ b
+    a = e.T @ we  # on the host
+    b = to_device(we, dev).T @ y2
+    sol = solve_host_matrix(a, b)  # singular: the least-norm solution
     return torch.cat([sol, (total - sol.sum(0)).unsqueeze(0)])
 
 
@@ -157,5 +157,5 @@ class KernelShap(CoalitionAttribution):
         z, w = kernel_coalitions(m, self._budget(m), generator, self.paired)
         v = engine.values(z, "coalitions")  # (S, N, K)
         y = (v - empty).flatten(1)
-        phi = eliminated_regression(z.double().to(v.device), w.to(v.device), y, total)  # (M, N K)
+        phi = eliminated_regression(z.double(), w, y, total)  # (M, N K)
         return phi.T.reshape(*clean.shape, m)

@@ -9,23 +9,25 @@ import torch
 from torch import Tensor, nn
 
 from ..._checks import number_at_least, positive_int
+from ..._device import to_device
 from ..base import register
-from .coalitions import CoalitionAttribution, Coalitions
+from .coalitions import CoalitionAttribution, Coalitions, solve_host_matrix
 
 
 def weighted_ridge(z: Tensor, w: Tensor, y: Tensor, alpha: float) -> Tensor:
     """Coefficients (M, R) of sum_s w_s (y_s - b - z_s . beta)^2 + alpha |beta|^2 with an unpenalised intercept b
-    (scikit-learn's ``Ridge(alpha).fit(z, y, sample_weight=w)``), float64, one solve for all R outputs."""
+    (scikit-learn's ``Ridge(alpha).fit(z, y, sample_weight=w)``), float64, one solve for all R outputs.
+
+    `z` (S, M) and `w` (S,) on the host (as drawn: the normal matrix is built and factored there, without a wait,
+    `solve_host_matrix`), `y` (S, R) on the model's device."""
+    dev = y.device
     wn = w / w.sum()
     zc = z - wn @ z
-    yc = y - wn @ y
+    yc = y - to_device(wn, dev) @ y
     wz = w[:, None] * zc
-    a = zc.T @ wz + alpha * torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
-    b = wz.T @ yc
-    try:
-        return torch.linalg.solve(a, b)
-    except RuntimeError:  # alpha = 0 and too few distinct coalitions: the least-norm solution
-        return torch.linalg.pinv(a) @ b
+    a = zc.T @ wz + alpha * torch.eye(z.shape[1], dtype=z.dtype)  # on the host, as z
+    b = to_device(wz, dev).T @ yc
+    return solve_host_matrix(a, b)  # alpha = 0 and too few distinct coalitions: the least-norm solution
 
 
 @register("lime")
@@ -93,6 +95,6 @@ class Lime(CoalitionAttribution):
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
         z = self.coalitions(engine.m, generator)
         v = engine.values(z, "samples")  # (S, N, K)
-        zd = z.double().to(v.device)
+        zd = z.double()  # the design on the host, where it was drawn (`weighted_ridge`)
         beta = weighted_ridge(zd, self.kernel(zd), v.flatten(1), self.alpha)  # (M, N K)
         return beta.T.reshape(*clean.shape, engine.m)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._checks import int_option
+from ..._device import to_device
 from ..base import register
 from .coalitions import CoalitionAttribution, Coalitions, full_and_empty
 from .groups import Tree, check_tree, hierarchy, leaves_of
@@ -92,45 +93,63 @@ class PartitionShap(CoalitionAttribution):
             check_tree(self.hierarchy, m)
 
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
+        # No value is read on the host, budget or not. The traversal follows the tree alone (contexts, nodes,
+        # weights and which of them are leaves, all on the host, their indices copied without a wait) until the
+        # budget cuts a level: how many nodes fit is known from the counts alone, which ones (the largest credit) is
+        # chosen on the device by argsort, and after the cut there is one step left, in which every node, leaf or
+        # not, has its credit spread evenly over its groups (a leaf's all to its group), with no choice to make.
         m, dev = engine.m, engine.device
         tree = self._tree(engine)
-        members, left, right, leaf = (t.to(dev) for t in _nodes(tree, m))
+        tables = _nodes(tree, m)  # members, left, right, leaf: on the host while the traversal is structural
+        members_d = to_device(tables[0], dev)
         ends = engine.values(full_and_empty(m), "full and empty")
         budget = (2**62 if self.max_evals is None else self.max_evals) - 2
         phi = torch.zeros(m, *ends.shape[1:], dtype=torch.float64, device=dev)
-        ctx = torch.zeros(1, m, dtype=torch.bool, device=dev)
-        node = torch.zeros(1, dtype=torch.long, device=dev)
-        weight = torch.ones(1, dtype=torch.float64, device=dev)
+        ctx = torch.zeros(1, m, dtype=torch.bool)
+        node = torch.zeros(1, dtype=torch.long)
+        weight = 1.0  # every node of a level has the same weight, 2^-depth
         f00, f11 = ends[1:2], ends[0:1]  # (F, N, K)
+        cut = False  # whether the budget has cut a level (ctx and node then on the device, chosen by the values)
         while node.numel():
-            credit = (f11 - f00) * weight[:, None, None]  # (F, N, K)
-            at_leaf = leaf[node] >= 0
-            phi.index_add_(0, leaf[node][at_leaf], credit[at_leaf])
-            inner = ~at_leaf
-            ctx, node, weight, f00, f11, credit = (t[inner] for t in (ctx, node, weight, f00, f11, credit))
+            credit = (f11 - f00) * weight  # (F, N, K)
+            if cut:  # the last step: each node's credit spread evenly over its groups
+                share = members_d[node].double()
+                phi += torch.einsum("fm,fnk->mnk", share / share.sum(1, keepdim=True), credit)
+                break
+            members, left, right, leaf = tables
+            at_leaf = leaf[node] >= 0  # on the host: the tree's structure
+            leaves = to_device(at_leaf.nonzero()[:, 0], dev)
+            phi.index_add_(0, to_device(leaf[node][at_leaf], dev), credit.index_select(0, leaves))
+            inner = (~at_leaf).nonzero()[:, 0]
+            ctx, node = ctx[inner], node[inner]
+            inner_d = to_device(inner, dev)
+            f00, f11, credit = (t.index_select(0, inner_d) for t in (f00, f11, credit))
             if not node.numel():
                 break
             fit = min(node.numel(), max(budget, 0) // 2)
             if fit < node.numel():  # shap's priority: the largest credit first; the rest spread evenly
-                order = credit.abs().flatten(1).max(1).values.argsort(descending=True)
+                order = credit.abs().flatten(1).max(1).values.argsort(descending=True)  # on the device
                 rest = order[fit:]
-                share = members[node[rest]].double()
+                node_d = to_device(node, dev)
+                share = members_d[node_d[rest]].double()
                 share = share / share.sum(1, keepdim=True)
                 phi += torch.einsum("fm,fnk->mnk", share, credit[rest])
-                keep = order[:fit]
-                ctx, node, weight, f00, f11 = (t[keep] for t in (ctx, node, weight, f00, f11))
                 if not fit:
                     break
+                keep = order[:fit]
+                ctx, node = to_device(ctx, dev)[keep], node_d[keep]
+                f00, f11 = f00[keep], f11[keep]
+                members, left, right = members_d, to_device(left, dev), to_device(right, dev)  # node on the device
+                cut = True
             budget -= 2 * fit
             lo, hi = left[node], right[node]
             m10 = ctx | members[lo]
             m01 = ctx | members[hi]
-            v = engine.values(torch.cat([m10, m01]), "hierarchy")
+            v = engine.values(torch.cat([m10, m01]), "hierarchy")  # host coalitions: copied without a wait
             f10, f01 = v[:fit], v[fit:]
-            half = weight / 2
+            weight /= 2
             # each child: half its gain with the sibling absent, half with it present (the two-player Shapley value)
             ctx = torch.cat([ctx, ctx, m01, m10])
             node = torch.cat([lo, hi, lo, hi])
-            weight = torch.cat([half, half, half, half])
             f00, f11 = torch.cat([f00, f00, f01, f10]), torch.cat([f10, f01, f11, f11])
         return phi.permute(1, 2, 0)

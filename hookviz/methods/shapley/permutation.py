@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._device import to_device
 from ..base import register
 from .ablation import one_out
 from .coalitions import CoalitionAttribution, Coalitions, Reference
@@ -56,7 +57,7 @@ class FeaturePermutation(CoalitionAttribution):
 
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
         n = engine.n
-        perms = draw_perms(engine.m, n, generator).to(engine.device)
+        perms = to_device(draw_perms(engine.m, n, generator), engine.device)  # drawn on the host, copied once
         engine.ref = _Shuffled(engine.xs, perms)
         shuffled = engine.values(one_out(engine.m), "groups")  # (M, N, K)
         return (clean.unsqueeze(0) - shuffled).permute(1, 2, 0)

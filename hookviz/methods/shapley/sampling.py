@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._checks import bool_option, positive_int
+from ..._device import to_device
 from ..base import register
 from .coalitions import CoalitionAttribution, Coalitions, full_and_empty
 
@@ -54,5 +55,5 @@ class ShapleyValueSampling(CoalitionAttribution):
         v = torch.cat([ends[1].expand(p, 1, *ends.shape[1:]), v_inner, ends[0].expand(p, 1, *ends.shape[1:])], 1)
         delta = v[:, 1:] - v[:, :-1]  # (P, M, N, K): the change when group perms[p, k] joins
         phi = torch.zeros(m, *ends.shape[1:], dtype=torch.float64, device=v.device)
-        phi.index_add_(0, perms.flatten().to(v.device), delta.flatten(0, 1))
+        phi.index_add_(0, to_device(perms.flatten(), v.device), delta.flatten(0, 1))  # drawn on the host
         return (phi / p).permute(1, 2, 0)
