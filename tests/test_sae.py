@@ -146,6 +146,11 @@ def test_refuses_missing_or_inconsistent_config(tmp_path) -> None:
     (folder / "cfg.json").write_text(json.dumps({"architecture": "topk", "d_in": 3, "d_sae": 6}))
     with pytest.raises(SAEConfigError, match="needs an int k"):
         SAE.load(folder)
+    # SAELens's TopK with latents scaled by the decoder norms: another map than a plain TopK, refused
+    cfg = {"architecture": "topk", "d_in": 3, "d_sae": 6, "k": 2, "rescale_acts_by_decoder_norm": True}
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(SAEConfigError, match="rescale_acts_by_decoder_norm = true is not supported"):
+        SAE.load(folder)
     (folder / "cfg.json").write_text("{not json")
     with pytest.raises(SAEConfigError, match="not valid JSON"):
         SAE.load(folder)

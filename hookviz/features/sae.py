@@ -263,6 +263,13 @@ class SAE(nn.Module):
                 f"normalize_activations = {norm!r}: activations normalised at run time are not supported; "
                 "fold the scaling into the weights first"
             )
+        if cfg.get("rescale_acts_by_decoder_norm", False):
+            # SAELens's TopK option: the latents are chosen and scaled by W_enc's columns times the decoder rows'
+            # norms; loaded as a plain TopK it would compute another map, silently
+            raise bad(
+                "rescale_acts_by_decoder_norm = true is not supported: fold the decoder norms into W_enc, b_enc and "
+                "W_dec first (SAELens's fold_W_dec_norm) and save it again"
+            )
         k = None
         if act == "topk":
             k = cfg.get("k", (cfg.get("activation_fn_kwargs") or {}).get("k"))
