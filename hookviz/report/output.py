@@ -15,7 +15,7 @@ VERSION = 2
 #: everything a report writes, replaced on a rebuild; nothing else in the folder is touched
 OWN = (
     "index.html", "summary.html", "report.css", "site.js", "report.js", "generation.js", "data", "img", "full", "maps",
-    "m", "sanity.png", "concept", "tcav.png",
+    "m", "sanity.png", "concept", "tcav.png", "latent",
 )  # fmt: skip
 
 
