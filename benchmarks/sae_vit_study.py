@@ -9,7 +9,7 @@ Usage::
 
 1. **Training.** A TopK SAE (`train_sae`) on the residual stream at `--layer`'s output, patch tokens only (the class
    token dropped: ``select=lambda a: a[:, 1:]``), on `--n-train` images of ``shapes(seed=0)``, `--steps` Adam steps
-   of 1,024 patch tokens (5,000: about a minute of two idle CPU cores; the wall time is reported).
+   of 1,024 patch tokens (5,000: 35 s of two idle CPU cores; the wall time is reported).
 2. **Evaluation** on `--n` held-out images (``shapes(seed=--seed)``): `evaluate_sae` (variance explained, L0, MSE,
    dead / dense latents), then the classifier's cross-entropy and accuracy on the labels with the patch tokens
    replaced by the SAE's reconstruction (`hv.splice` with the error term zeroed at the patch tokens: the class token
@@ -278,7 +278,6 @@ def report(
             f"With object = a patch the object touches (any mask pixel; {touched.chance:.3f} of all patches): "
             f"latents with object fraction > 0.9: {int((tf > 0.9).sum())}, > 0.5: {int((tf > 0.5).sum())}, "
             f"< 0.1: {int((tf < 0.1).sum())}; median {tf.median():.3f}.",
-            "",
         ]
     lines += [
         "",
