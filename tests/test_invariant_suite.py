@@ -25,6 +25,7 @@ import torch.nn.modules.module as module_globals
 from torch import Tensor, nn
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.hooks import RemovableHandle
 from torchvision import models
 
 import hookviz as hv
@@ -245,6 +246,35 @@ def check_untouched(model: nn.Module, x: Tensor, snap: Snapshot, grad_enabled: b
     assert torch.equal(plain_output(model, x), snap.output)
 
 
+def failing_hook(
+    model: nn.Module, arch: str, scenario: str
+) -> tuple[RemovableHandle | None, tuple[type[BaseException], str | None] | None]:
+    """For the scenarios that end in the middle of the forward pass: a user's forward hook on a middle module that
+    raises (an error, or Ctrl-C), and what the call must raise; else (None, None)."""
+    if scenario not in ("error-mid-forward", "interrupt-mid-forward"):
+        return None, None
+    exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
+
+    def raise_it(module, args, out):
+        raise exc
+
+    hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
+    return hook, (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+
+
+def ending(
+    model: nn.Module, arch: str, scenario: str
+) -> tuple[object, tuple[type[BaseException], str | None] | None, RemovableHandle | None]:
+    """(target, what the call must raise or None, the failing user hook or None) for `scenario`, for a method that
+    refuses no model."""
+    target: object = [1, 2]
+    expected: tuple[type[BaseException], str | None] | None = None
+    if scenario == "target-out-of-range":
+        target, expected = 10, (ValueError, "out of range")
+    hook, raised = failing_hook(model, arch, scenario)
+    return target, raised or expected, hook
+
+
 def make(method: str, model: nn.Module, arch: str, eval_mode: bool) -> hv.Attribution:
     if method in OPTIONS:
         return OPTIONS[method](model, arch, eval_mode)
@@ -287,15 +317,8 @@ def test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario
     if scenario == "target-out-of-range":
         target = 10
         expected = (ValueError, "out of range|no ReLU ran" if expected else "out of range")
-    user_hook = None
-    if scenario in ("error-mid-forward", "interrupt-mid-forward"):
-        exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
-
-        def raise_it(module, args, out):
-            raise exc
-
-        user_hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
-        expected = (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+    user_hook, raised = failing_hook(model, arch, scenario)
+    expected = raised or expected
     with torch.set_grad_enabled(grad_enabled):
         try:
             if expected is None:
@@ -342,19 +365,7 @@ def test_tcav_leaves_model_process_and_cache_as_they_were(arch_model, scenario, 
         explainers[key] = hv.TCAV(model, SMALL_LAYER[arch], eval_mode=eval_mode)
     tcav = explainers[key]
     before = (dict(tcav._acts), dict(tcav._cavs))
-    target: object = [1, 2]
-    expected: tuple[type[BaseException], str | None] | None = None
-    if scenario == "target-out-of-range":
-        target, expected = 10, (ValueError, "out of range")
-    user_hook = None
-    if scenario in ("error-mid-forward", "interrupt-mid-forward"):
-        exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
-
-        def raise_it(module, args, out):
-            raise exc
-
-        user_hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
-        expected = (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+    target, expected, user_hook = ending(model, arch, scenario)
     with torch.set_grad_enabled(grad_enabled):
         try:
             if expected is None:
@@ -388,19 +399,7 @@ def test_crp_leaves_model_and_process_as_they_were(arch_model, scenario, eval_mo
         explainers[key] = hv.CRP(model, eval_mode=eval_mode)
     crp = explainers[key]
     conditions = [{SMALL_LAYER[arch]: [0]}, {SMALL_LAYER[arch]: [1]}]
-    target: object = [1, 2]
-    expected: tuple[type[BaseException], str | None] | None = None
-    if scenario == "target-out-of-range":
-        target, expected = 10, (ValueError, "out of range")
-    user_hook = None
-    if scenario in ("error-mid-forward", "interrupt-mid-forward"):
-        exc = Boom("the user's hook failed") if scenario == "error-mid-forward" else KeyboardInterrupt()
-
-        def raise_it(module, args, out):
-            raise exc
-
-        user_hook = model.get_submodule(MIDDLE[arch]).register_forward_hook(raise_it)
-        expected = (type(exc), "the user's hook failed" if scenario == "error-mid-forward" else None)
+    target, expected, user_hook = ending(model, arch, scenario)
     with torch.set_grad_enabled(grad_enabled):
         try:
             if expected is None:
