@@ -44,3 +44,7 @@ def _check_images(paths: Sequence[str]) -> None:
             raise UsageError(f"{p!r} is a directory; pass image files")
         if not path.exists():
             raise UsageError(f"no such image file {p!r}")
+
+
+# `--model`'s metavar in every command that loads a model (its forms in prose: `models.MODEL_FORMS`)
+MODEL_METAVAR = "shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"

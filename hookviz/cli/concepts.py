@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import UsageError, _parse_device
+from .common import MODEL_METAVAR, UsageError, _parse_device
 from .models import ZOO_MODELS, _load_model
 
 TCAV_DESCRIPTION = """\
@@ -65,9 +65,7 @@ def _add_tcav(sub: Any) -> None:
         description=TCAV_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--model", default=None, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"
-    )
+    p.add_argument("--model", default=None, metavar=MODEL_METAVAR)
     p.add_argument("--layer", action="append", default=None, metavar="L", help="a layer (module name); repeatable")
     p.add_argument(
         "--concept", action="append", default=None, metavar="NAME=DIR", help="a concept's example folder; repeatable"
@@ -138,9 +136,7 @@ def _add_crp(sub: Any) -> None:
         description=CRP_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--model", default=None, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"
-    )
+    p.add_argument("--model", default=None, metavar=MODEL_METAVAR)
     p.add_argument("--layer", default=None, metavar="L", help="the layer whose channels condition (module name)")
     p.add_argument("--channels", default=None, metavar="C,C,...", help="channel indices of --layer, e.g. 3,7")
     p.add_argument(

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .common import UsageError, _parse_device, _parse_methods
+from .common import MODEL_METAVAR, UsageError, _parse_device, _parse_methods
 from .models import ZOO_MODELS, _load_model, zoo_model
 
 EXPLAIN_DATASET_DESCRIPTION = """\
@@ -152,7 +152,7 @@ def add_parser(sub: Any) -> None:
     ds.add_argument(
         "--model",
         default=None,
-        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
+        metavar=MODEL_METAVAR,
         help="as in explain; shapes, vit: the embedded models",
     )
     ds.add_argument("--weights", default=None, metavar="PATH_OR_ENUM_NAME", help="as in explain")

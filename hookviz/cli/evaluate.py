@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .common import UsageError, _parse_device, _parse_methods
+from .common import MODEL_METAVAR, UsageError, _parse_device, _parse_methods
 from .models import IMAGENET_MEAN, IMAGENET_STD, ZOO_MODELS, _load_model, zoo_model
 from .report import add_evaluate_option, sanity_figure_for_report, write_evaluate_report
 
@@ -273,7 +273,7 @@ def add_parser(sub: Any) -> None:
     ev.add_argument(
         "--model",
         default="shapes",
-        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
+        metavar=MODEL_METAVAR,
         help="the model (default: %(default)s, the embedded trained CNN; vit: the embedded ViT); PATH.pt is "
         "unpickled: only load files you trust",
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .common import UsageError, _check_images, _parse_device, _parse_methods
+from .common import MODEL_METAVAR, UsageError, _check_images, _parse_device, _parse_methods
 from .models import _load_model
 
 EXPLAIN_DESCRIPTION = """\
@@ -141,7 +141,7 @@ def add_parser(sub: Any) -> None:
     ex.add_argument(
         "--model",
         required=True,
-        metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt",
+        metavar=MODEL_METAVAR,
         help="the model (see 'models' above); PATH.pt loads with torch.load(weights_only=True) unless --trust-pickle",
     )
     ex.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import UsageError, _parse_device
+from .common import MODEL_METAVAR, UsageError, _parse_device
 from .models import ZOO_MODELS, zoo_model
 
 FEATURES_DESCRIPTION = (
@@ -23,9 +23,7 @@ def add_parser(sub: Any) -> None:
         help="render feature visualisations of units of a layer and write a grid figure",
         description=FEATURES_DESCRIPTION,
     )
-    p.add_argument(
-        "--model", required=True, metavar="shapes | vit | torchvision:NAME[:WEIGHTS] | timm:NAME[:pretrained] | PATH.pt"
-    )
+    p.add_argument("--model", required=True, metavar=MODEL_METAVAR)
     p.add_argument("--layer", required=True, help="module name, e.g. head or features.4 (see model.named_modules())")
     p.add_argument("--units", required=True, metavar="U[,U...]", help="channel indices, comma-separated (0,1,2)")
     p.add_argument("--out", default="features.png", help="the figure (.png, .pdf, .svg; default: %(default)s)")
