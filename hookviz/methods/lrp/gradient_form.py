@@ -43,7 +43,7 @@ from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
 from .stabilized_rows import stabilized_rows
-from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind
+from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind, whole_module_rule
 from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
 # elementwise activations whose identity rule is not their own gradient (ReLU-like ones need no rule: y / x is
@@ -78,12 +78,6 @@ _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
     torch.var: "torch.var",
     Tensor.var: "Tensor.var",
 }
-
-
-def _hooked_kind(module: nn.Module) -> bool:
-    """Modules whose operations the engine does not see one by one (their rule covers the module): normalisations,
-    transformers' Conv1D and activation modules."""
-    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
 
 
 def gradient_form_allowed(composite: Composite) -> bool:
@@ -667,7 +661,7 @@ class GradientFormRun:
         try:
             with engine.forward_pass():
                 if self.transformer:
-                    self.check.place(self.model, self.hooks, engine, _hooked_kind, self.reach.depends)
+                    self.check.place(self.model, self.hooks, engine, whole_module_rule, self.reach.depends)
                 yield
         finally:
             self.check.clear()

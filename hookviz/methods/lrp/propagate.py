@@ -49,7 +49,7 @@ from .norm import norm_map
 from .output_rows import output_layer
 from .rulecall import Kept, Recompute, _PassFn, value
 from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
-from .transformer import NormIdentity, module_kind
+from .transformer import NormIdentity, whole_module_rule
 from .transformer_ops import TransformerOps
 
 ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -316,9 +316,7 @@ class LRPRun:
     def hooked_kind(self, module: nn.Module) -> bool:
         """Transformer composites also hook normalisations, transformers' Conv1D and activation modules (the
         operations inside them are then not seen one by one)."""
-        if self.ops is None:
-            return False
-        return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
+        return self.ops is not None and whole_module_rule(module)
 
     def mark_nonnegative(self, t: Any) -> None:
         """Note that the tensor `t` holds no negative value (a ReLU's output, a pooling of one)."""

@@ -117,6 +117,12 @@ def module_kind(module: nn.Module) -> str | None:
     return None
 
 
+def whole_module_rule(module: nn.Module) -> bool:
+    """Whether a transformer composite's rule covers `module` whole (normalisations, transformers' Conv1D, activation
+    modules): the operations inside it are then not seen one by one, and it is no attention module to check."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) in ("conv1d", "norm", "activation")
+
+
 @functools.lru_cache(maxsize=1024)
 def _class_kind(cls: type) -> tuple[bool, bool, bool]:
     """What a module's class name and home say (GPT-2's Conv1D, a normalisation by name, an activation of
