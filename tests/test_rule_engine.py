@@ -250,6 +250,38 @@ def test_coverage_report_and_one_warning_naming_the_method() -> None:
     assert engine.coverage.uncovered == {"gelu": 1}
 
 
+def test_passes_skips_the_call_path_for_callables_the_predicate_names_and_asks_once() -> None:
+    """``passes``: unnamed callables it is true for run as called without reaching ``uncovered`` (asked once per
+    callable, cached on the table); those it is false for still reach ``uncovered`` at every call."""
+    seen: list[object] = []
+    asked: list[object] = []
+
+    def uncovered(f: object, a: tuple, k: dict) -> str | None:
+        seen.append(f)
+        return function_name(f) if f in (torch.matmul, F.silu) else None
+
+    def passes(f: object) -> bool:
+        asked.append(f)
+        return f is torch.matmul
+
+    table = _table(uncovered=uncovered, passes=passes).modules(nn.GELU, None)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g, engine = _grad(Mixed(), table, x)
+        first = list(seen)
+        g_all, engine_all = _grad(Mixed(), _table(uncovered=uncovered).modules(nn.GELU, None), x)
+    assert torch.equal(g, g_all)  # the same backward pass: only the report differs
+    assert torch.matmul not in first and first.count(F.silu) == 2 and torch.matmul in seen[len(first) :]
+    assert engine.coverage.uncovered == {"gelu": 1, "F.silu": 2}
+    assert engine_all.coverage.uncovered == {"gelu": 1, "F.silu": 2, "torch.matmul": 1}
+    assert asked.count(torch.matmul) == 1 and asked.count(F.silu) == 1  # cached per callable
+    _grad(Mixed(), table, x)
+    assert asked.count(torch.matmul) == 1 and asked.count(F.silu) == 1
+    with pytest.raises(TypeError, match="passes must be a callable"):
+        RuleTable(passes=True)  # type: ignore[arg-type]
+
+
 def test_table_and_ops_checks() -> None:
     with pytest.raises(TypeError, match="module key must be an nn.Module class"):
         RuleTable().modules(int, IDENTITY)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ plain autograd. The maps equal the relevance form's with the same composite (tes
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,7 +39,7 @@ from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LI
 from .gradient_ops import GradientOps, _again
 from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
-from .layers import ADD_FUNCTIONS, LayerRules, uncovered
+from .layers import ADD_FUNCTIONS, LayerRules, neutral, uncovered
 from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
@@ -65,6 +66,14 @@ _ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
 # rule in gradient form (a negation, in-place scaling by a constant: positively homogeneous or linear)
 _EXACT_AS_GRADIENT = {"embedding", "is_floating_point", "is_complex", "neg", "__neg__", "negative", "mul_", "div_",
                       "type_as"}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _passes(func: Callable[..., Any]) -> bool:
+    """The transformer table's ``passes``: what `unruled` lets pass whatever the arguments."""
+    return neutral(func) or getattr(func, "__name__", None) in _EXACT_AS_GRADIENT
+
+
 _NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
 # the std of a normalisation written out (HF's RMSNorm: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``):
 # inside a normalisation module its result is detached, so that the module's own gradient is the identity rule's
@@ -232,7 +241,7 @@ class GradientFormRun:
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
         if self.ops is None:
-            return self.layers.add_entries(RuleTable(uncovered=uncovered))
+            return self.layers.add_entries(RuleTable(uncovered=uncovered, passes=neutral))
         active = self._active
         comp = self.composite
         ops = self.ops
@@ -349,7 +358,7 @@ class GradientFormRun:
         # lxt's rules (every stabilizer 0): linear layers, sums and pooling are their plain gradients, and every
         # operation the table names is covered, so the engine's function mode passes other calls after one look-up
         table = (
-            RuleTable(uncovered=unruled if active else None)
+            RuleTable(uncovered=unruled if active else None, passes=_passes)
             .modules(is_output, owned("linear (output rows)", output_rows))
             .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))

@@ -26,6 +26,7 @@ the engine's one warning; their gradient is their plain gradient (in this form: 
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -116,8 +117,17 @@ def uncovered(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None
     return name
 
 
+@functools.lru_cache(maxsize=1024)
+def neutral(func: Callable[..., Any]) -> bool:
+    """Whether `uncovered` lets every call of `func` pass whatever its arguments (its plain gradient is its rule):
+    the rule table's ``passes``."""
+    return _name(func) in _NEUTRAL
+
+
 def _name(func: Callable[..., Any]) -> str:
-    return getattr(func, "__name__", repr(func))
+    # not getattr(func, "__name__", repr(func)): its default is built on every call (every unnamed call of a pass)
+    name = getattr(func, "__name__", None)
+    return repr(func) if name is None else name
 
 
 def _bias_view(bias: Tensor | None, module: nn.Module, z: Tensor) -> Tensor | None:

@@ -281,18 +281,20 @@ class RuleEngine:
 
 class _Interceptor(TorchFunctionMode):
     """The engine's function mode: every functional call of the forward pass goes to `RuleEngine._function_call`,
-    except, where the table reports no unnamed call (no ``uncovered`` predicate), calls that no entry names: they run
-    as called after one set look-up (a LLaMA forward makes about 650 calls, most of them reshapes and linear layers;
-    `_function_call` would run them as called too, after its scope and depth checks)."""
+    except calls that no entry names where the table reports no unnamed call (no ``uncovered`` predicate) or never
+    reports this callable (``passes``): they run as called after one set look-up (a LLaMA forward makes about 450
+    calls, most of them reshapes and linear layers; `_function_call` would run them as called too, after its scope
+    and depth checks and the ``uncovered`` predicate)."""
 
     def __init__(self, engine: RuleEngine) -> None:
         super().__init__()
         self.engine = engine
         self.named = engine.table.function_keys()
         self.quiet = engine.table.uncovered is None
+        self.passing = engine.table.passing
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if self.quiet and func not in self.named:
+        if func not in self.named and (self.quiet or self.passing(func)):
             return func(*args, **kwargs) if kwargs else func(*args)
         return self.engine._function_call(func, args, kwargs or {})
 

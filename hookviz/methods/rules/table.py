@@ -70,19 +70,33 @@ class RuleTable:
         uncovered: for functional calls the table has no entry for: ``(func, args, kwargs) -> name | None``, the
             name under which the call counts as not covered (None: it passes unreported). LRP reports every
             operation on a tensor that needs a gradient except reshaping and routing; the ReLU rules report nothing.
+        passes: for functional calls the table has no entry for: ``(func) -> bool``, true where `uncovered` would let
+            every call of `func` pass unreported whatever its arguments (reshapes, routing): such calls run as
+            called after one look-up, without the engine's call path (a LLaMA's forward makes about 450 calls, most
+            of them reshapes). Asked once per callable and cached (`passing`); it must depend on `func` alone.
 
     Example::
 
         table = RuleTable().modules(nn.ReLU, rule).functions(spellings("relu"), rule).modules(nn.GELU, None)
     """
 
-    def __init__(self, *, warn: bool = True, uncovered: UncoveredPredicate | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        warn: bool = True,
+        uncovered: UncoveredPredicate | None = None,
+        passes: Callable[[Callable[..., Any]], bool] | None = None,
+    ) -> None:
         if not isinstance(warn, bool):
             raise TypeError(f"warn must be True or False, got {type(warn).__name__} {warn!r}")
         if uncovered is not None and not callable(uncovered):
             raise TypeError(f"uncovered must be a callable (func, args, kwargs) -> name or None, got {uncovered!r}")
+        if passes is not None and not callable(passes):
+            raise TypeError(f"passes must be a callable (func) -> bool, got {passes!r}")
         self.warn = warn
         self.uncovered = uncovered
+        self.passes = passes
+        self._passing: dict[Callable[..., Any], bool] = {}
         self._modules: list[tuple[ModuleKey, Rule | None]] = []
         self._functions: dict[Callable[..., Any], tuple[str, Rule | None]] = {}
         # module type -> its entry, where every module key is a class or a tuple of classes (the answer depends on
@@ -147,6 +161,14 @@ class RuleTable:
     def function_entry(self, func: Callable[..., Any]) -> tuple[str, Rule | None] | None:
         """(report name, rule or None) of a functional callable; None if the table does not name it."""
         return self._functions.get(func)
+
+    def passing(self, func: Callable[..., Any]) -> bool:
+        """Whether an unnamed callable's calls run as called, unreported (`passes`, cached per callable; False
+        without it)."""
+        known = self._passing.get(func)
+        if known is None:
+            known = self._passing[func] = self.passes is not None and bool(self.passes(func))
+        return known
 
     def function_keys(self) -> frozenset[Callable[..., Any]]:
         """Every functional callable the table names (the engine's first look-up per call)."""
