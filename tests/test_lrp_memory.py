@@ -216,7 +216,8 @@ def test_audit_sums_in_one_buffer_equal_separate_tensors(monkeypatch: pytest.Mon
     assert all(
         e.book is not None and e.entered is not None and e.entered._base is e.book.buffer for e in lrp.audit.entries
     )
-    monkeypatch.setattr(AuditBook, "rows", lambda self, row, like: None)  # every sum its own tensor, as before
+    # every sum its own tensor, as before (no buffer rows: neither `add`'s nor `add_dots`' sums written into them)
+    monkeypatch.setattr(AuditBook, "rows_of", lambda self, row, n, dtype, device: None)
     lrp.attribute(x, target=targets)
     assert [e.name for e in lrp.audit.entries] == [b[0] for b in booked]
     for (name, ent, left), e in zip(booked, lrp.audit.entries, strict=True):

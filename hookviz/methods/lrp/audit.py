@@ -25,12 +25,16 @@ class AuditBook:
 
     def rows(self, row: int, like: Tensor) -> tuple[Tensor, Tensor] | None:
         """Row `row`'s (entered, left) views, zero at first; None where `like`, a sum, does not fit the buffer."""
+        if like.dim() != 1:
+            return None
+        return self.rows_of(row, like.shape[0], like.dtype, like.device)
+
+    def rows_of(self, row: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """`rows` for sums of `n` inputs in `dtype` on `device`."""
         if self.buffer is None:
-            if like.dim() != 1:
-                return None
-            self.buffer = torch.zeros(len(self.entries), 2, like.shape[0], dtype=like.dtype, device=like.device)
+            self.buffer = torch.zeros(len(self.entries), 2, n, dtype=dtype, device=device)
         buf = self.buffer
-        if row >= buf.shape[0] or like.shape != buf.shape[2:] or like.dtype != buf.dtype or like.device != buf.device:
+        if row >= buf.shape[0] or buf.shape[2] != n or buf.dtype != dtype or buf.device != device:
             return None
         return buf[row, 0], buf[row, 1]
 
@@ -59,6 +63,29 @@ class AuditEntry:
                 return
         self.entered = entered if self.entered is None else self.entered + entered
         self.left = left if self.left is None else self.left + left
+
+    def add_dots(self, z: Tensor, g: Tensor, left_of: Tensor, gp: Tensor, n: int) -> bool:
+        """The sums ``sum z g`` (entered) and ``sum left_of gp`` (left) per input written straight into the pass's
+        buffer, where this is the entry's first sum and the four tensors are (n, ...) of one shape and dtype (a
+        stabilized call's usual case: two kernels, no temporaries); False where not (the caller then `add`s)."""
+        book = self.book
+        if (
+            self.entered is not None
+            or book is None
+            or z.dim() == 0
+            or z.shape[0] != n
+            or not (z.shape == g.shape == left_of.shape == gp.shape)
+            or not (z.dtype == g.dtype == left_of.dtype == gp.dtype)
+        ):
+            return False
+        rows = book.rows_of(self.row, n, z.dtype, z.device)
+        if rows is None:
+            return False
+        # the same numbers as `add`'s 0 + sum (a zero's sign aside)
+        torch.linalg.vecdot(z.reshape(n, -1), g.reshape(n, -1), out=rows[0])
+        torch.linalg.vecdot(left_of.reshape(n, -1), gp.reshape(n, -1), out=rows[1])
+        self.entered, self.left = rows
+        return True
 
     @property
     def leak(self) -> Tensor:

@@ -109,6 +109,8 @@ class Site:
         if self.finite and offset is not None:
             offset = torch.nan_to_num(offset, nan=0.0, posinf=0.0, neginf=0.0)
         left_of = z if offset is None else z - offset
+        if self.share == 1.0 and self.entry.add_dots(z, g, left_of, gp, self.n):
+            return
         left = per_input(left_of, gp, self.n)
         self.entry.add(per_input(z, g, self.n), left if self.share == 1.0 else left * self.share)
 
