@@ -404,6 +404,57 @@ def test_partition_shap_default_hierarchy_splits_image_patches_spatially() -> No
     assert hierarchy((torch.arange(6).view(1, 6),), 6) == ((0, (1, 2)), (3, (4, 5)))
 
 
+def _two_layouts() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Two images with masks of their own: image 0 a 2 x 2 grid numbered 0 1 / 2 3 (4 groups: id 4 absent), image 1
+    the same grid numbered 0 2 / 1 3 with its bottom-right cell cut into a top and a bottom half (ids 3 / 4). The
+    default hierarchy halves both images into top and bottom: in ids, ((0, 1), (2, 3)) and ((0, 2), (1, (3, 4)))."""
+    grid = hv.grid_mask((8, 8), 4)
+    other = grid.T.clone()
+    other[6:, 4:] = 4
+    model = cnn().double()
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    return model, x, torch.stack([grid, other]).unsqueeze(1)
+
+
+@pytest.mark.parametrize("max_evals", [None, 8])
+def test_partition_shap_one_hierarchy_per_input_layout(max_evals) -> None:
+    from hookviz.methods.shapley.groups import hierarchy
+
+    model, x, masks = _two_layouts()
+    trees = [hierarchy((masks[i : i + 1],), 5) for i in range(2)]
+    assert trees == [((0, 1), (2, 3)), ((0, 2), (1, (3, 4)))]  # each from its own layout
+    targets = [0, 2]
+    batch = hv.PartitionShap(model, max_evals=max_evals).attribute(x, target=targets, feature_mask=masks)
+
+    def alone(i: int, tree=None) -> torch.Tensor:
+        method = hv.PartitionShap(model, max_evals=max_evals, hierarchy=tree)
+        return method.attribute(x[i : i + 1], target=targets[i], feature_mask=masks[i : i + 1])
+
+    # float64 and the same coalitions: what differs is the rounding of forward passes and sums over other batch sizes
+    for i in range(2):
+        torch.testing.assert_close(batch[i : i + 1], alone(i), rtol=0, atol=1e-13)
+    # image 1 walks its own tree, not image 0's (which halves image 1 into left and right)
+    torch.testing.assert_close(batch[1:], alone(1, trees[1]), rtol=0, atol=1e-13)
+    assert not torch.allclose(batch[1:], alone(1, (*trees[0], 4)), atol=1e-6)
+    with torch.no_grad():
+        gap = model(x)[[0, 1], targets] - model(torch.zeros_like(x))[[0, 1], targets]
+    per_group = torch.stack([torch.stack([batch[i][masks[i].expand(3, 8, 8) == g][0] for g in masks[i].unique()]).sum()
+                             for i in range(2)])  # fmt: skip
+    torch.testing.assert_close(per_group, gap, rtol=1e-12, atol=1e-12)  # efficiency, exact for each input
+
+
+def test_inputs_with_the_same_layout_share_one_hierarchy() -> None:
+    from hookviz.methods.shapley.groups import layouts
+
+    _, _, masks = _two_layouts()
+    three = torch.cat([masks, masks[:1]])
+    assert [r.tolist() for r in layouts((three,), 3)] == [[0, 2], [1]]
+    assert [r.tolist() for r in layouts((torch.zeros(1, 1, 8, 8, dtype=torch.long),), 3)] == [[0, 1, 2]]
+    # a second tensor whose per-input masks differ splits inputs that the first tensor's would group
+    tabular = torch.tensor([[5, 6], [5, 6], [6, 5]])
+    assert [r.tolist() for r in layouts((three, tabular), 3)] == [[0], [1], [2]]
+
+
 # -- groups, baselines, inputs -----------------------------------------------------------------------------------------
 def test_grid_mask_and_superpixels() -> None:
     g = hv.grid_mask((5, 6), (2, 4))
