@@ -5,8 +5,10 @@ elements of that group, False replaces them by the baseline's. v(S) is the targe
 ``torch.where(coalition[group_ids], x, baseline)``, averaged over the baselines when they are a distribution
 (`Background`). All S x N (x B background rows) inputs form one expanded batch, row ``(s * N + i) * B + j``, built on
 the model's device chunk by chunk (at most ``batch_size`` rows, and at most ``max_memory`` bytes of built inputs) and
-scored for all K targets of each input by the same forward passes. The coalitions themselves are drawn on the host
-from a `torch.Generator` (the same draws on every device, for every chunk size) and copied to the device once.
+scored for all K targets of each input by the same forward passes. Where inputs need coalitions of their own
+(KernelShap's varying groups, PartitionShap's hierarchy per layout), blocks of (coalitions, inputs) follow one another
+in that batch (`Coalitions.blocks`). The coalitions themselves are drawn on the host from a `torch.Generator` (the
+same draws on every device, for every chunk size) and copied to the device once.
 """
 
 from __future__ import annotations
