@@ -170,6 +170,28 @@ def resolve_baselines(
     return Reference(tuple(out), 1)
 
 
+def varying_groups(xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor:
+    """The (N, M) bool on the host of the groups that vary for each input (shap's `KernelExplainer`
+    ``varying_groups``): a group varies when one of its elements differs from the baseline's, or, with a
+    `Background`, from that element of some background row. A group that does not vary changes no built input
+    whatever the coalition: its Shapley value is exactly 0. Exact equality (shap compares with ``np.allclose``). One
+    read of N x M values (on a GPU: one wait), before any forward pass."""
+    n, dev = xs[0].shape[0], xs[0].device
+    out = torch.zeros(n, m, dtype=torch.uint8, device=dev)
+    for t, (x, g) in enumerate(zip(xs, masks, strict=True)):
+        base = ref.tensors[t]
+        if isinstance(ref, BackgroundReference):  # the B rows in chunks of about 2^24 compared elements
+            differs = torch.zeros(x.shape, dtype=torch.bool, device=dev)
+            step = max(1, 2**24 // max(x.numel(), 1))
+            for lo in range(0, base.shape[0], step):
+                differs |= (x.unsqueeze(1) != base[lo : lo + step].unsqueeze(0)).any(1)
+        else:
+            differs = x != base
+        ids = to_device(g, dev).expand(n, *x.shape[1:]).reshape(n, -1)  # the host mask, copied without a wait
+        out.scatter_reduce_(1, ids, differs.reshape(n, -1).to(torch.uint8), "amax")
+    return to_host([out])[0].bool()
+
+
 class Coalitions:
     """v(S) for batches of coalitions on one call's inputs: `values` runs the chunked forward passes."""
 
@@ -201,6 +223,7 @@ class Coalitions:
         self.passes = 0  # forward passes run so far (coalition rows / rows_per_pass, rounded up per call)
         self.k = 1  # targets per input, set once the clean pass has resolved them
         self.evaluated = 0  # (coalition, input) pairs evaluated so far (each on every background row)
+        self.varying: Tensor | None = None  # (N, M) bool on the host where the method asked for it (`_varying`)
 
     def values(self, coalitions: Tensor, label: str = "coalitions") -> Tensor:
         """v(S) of the (S, M) bool `coalitions` on every input: (S, N, K) in float64."""
@@ -253,27 +276,6 @@ class Coalitions:
             self.passes += 1
         assert out is not None
         return [v.view(s, n, -1) for v, (s, n) in zip((out / b).split(pairs), counts, strict=True)]
-
-    def varying(self) -> Tensor:
-        """The (N, M) bool on the host of the groups that vary for each input (shap's `KernelExplainer`
-        ``varying_groups``): a group varies when one of its elements differs from the baseline's, or, with a
-        `Background`, from that element of some background row. A group that does not vary changes no built input
-        whatever the coalition: its Shapley value is exactly 0. Exact equality (shap compares with ``np.allclose``).
-        One read of N x M values (on a GPU: one wait), before any coalition is drawn."""
-        n, m, dev = self.n, self.m, self.device
-        out = torch.zeros(n, m, dtype=torch.uint8, device=dev)
-        for t, (x, g) in enumerate(zip(self.xs, self.device_masks, strict=True)):
-            ref = self.ref.tensors[t]
-            if isinstance(self.ref, BackgroundReference):  # the B rows in chunks of about 2^24 compared elements
-                differs = torch.zeros(x.shape, dtype=torch.bool, device=dev)
-                step = max(1, 2**24 // max(x.numel(), 1))
-                for lo in range(0, ref.shape[0], step):
-                    differs |= (x.unsqueeze(1) != ref[lo : lo + step].unsqueeze(0)).any(1)
-            else:
-                differs = x != ref
-            ids = g.expand(n, *x.shape[1:]).reshape(n, -1)
-            out.scatter_reduce_(1, ids, differs.reshape(n, -1).to(torch.uint8), "amax")
-        return to_host([out])[0].bool()
 
     def _chunks(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         steps = math.ceil(total / self.rows_per_pass)
@@ -415,7 +417,9 @@ class CoalitionAttribution(PerturbationAttribution):
                     f"to at least {row_bytes} bytes"
                 )
             rows = min(rows, self.max_memory // row_bytes)
-        kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator)
+        # read here, before any forward pass, where the method needs it (KernelShap)
+        varying = self._varying(tuple(t.detach() for t in xs), masks, m, ref)
+        kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator, varying=varying)
         return super()._explain(x, target, **kwargs)
 
     def _check_groups(self, m: int) -> None:
@@ -424,6 +428,10 @@ class CoalitionAttribution(PerturbationAttribution):
     def _check_batch(self, n: int) -> None:
         """Refuse batch sizes the method cannot handle (before any forward pass)."""
 
+    def _varying(self, xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor | None:
+        """The groups that vary per input (`varying_groups`), where the method uses them; None: not needed."""
+        return None
+
     def _run(self, x: Any, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Any, Targets]:
         xs = tuple(t.detach() for t in (x if isinstance(x, tuple) else (x,)))
         masks, m = kwargs["groups"]
@@ -431,6 +439,7 @@ class CoalitionAttribution(PerturbationAttribution):
         targets, plan = self._clean(xs, target, fwd)  # type: ignore[arg-type]
         engine = Coalitions(self, xs, masks, m, kwargs["reference"], plan, fwd, kwargs["rows_per_pass"])
         engine.k = targets.scores.shape[1]
+        engine.varying = kwargs["varying"]
         phi = self._groups(engine, targets.scores.double(), kwargs["generator"])  # (N, K, M)
         # what the call cost, for benchmarks and curious users: forward passes and coalitions per input (the clean
         # pass aside; a mean where inputs took different numbers, KernelShap's varying groups)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..._checks import bool_option, int_option
 from ..._device import to_device
 from ..base import register
-from .coalitions import CoalitionAttribution, Coalitions, solve_host_matrix
+from .coalitions import CoalitionAttribution, Coalitions, Reference, solve_host_matrix, varying_groups
 
 
 def kernel_coalitions(m: int, n_samples: int, generator: torch.Generator, paired: bool = True) -> tuple[Tensor, Tensor]:
@@ -176,11 +176,14 @@ class KernelShap(CoalitionAttribution):
                 f"n_samples > {m} (shap's default is 2 M + 2048 = {2 * m + 2048})"
             )
 
+    def _varying(self, xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor | None:
+        return varying_groups(xs, masks, m, ref) if self.varying_only else None
+
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
         m, n, dev = engine.m, engine.n, engine.device
         empty = engine.values(torch.zeros(1, m, dtype=torch.bool), "empty")[0]  # (N, K)
         total = clean - empty  # (N, K)
-        varying = engine.varying() if self.varying_only else torch.ones(n, m, dtype=torch.bool)
+        varying = engine.varying if engine.varying is not None else torch.ones(n, m, dtype=torch.bool)
         # the inputs grouped by their set of varying groups: each set its own coalitions over its groups alone, all
         # evaluated by the same forward passes (`Coalitions.blocks`), then one regression per set for all its
         # inputs and targets. The Python loops below go over the distinct sets (one when every group varies, as on
