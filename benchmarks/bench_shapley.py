@@ -105,7 +105,7 @@ def bench_case(
     lines = []
     for name, method in ours.items():
         t_ours, a_ours = timed(lambda: method.attribute(x, target=target, feature_mask=mask), repeats)  # noqa: B023
-        n_rows = (method.last_coalitions + 1) * x.shape[0]
+        n_rows = round((method.last_coalitions + 1) * x.shape[0])
         fake = x[torch.arange(n_rows, device=x.device) % x.shape[0]]
 
         def floor(fake: torch.Tensor = fake, step: int = method.last_rows_per_pass) -> torch.Tensor:
@@ -204,7 +204,7 @@ def bench_resnet50(device: torch.device) -> list[str]:
         t_ours, c_ours, a_ours = timed_once(
             lambda: method.attribute(x, target=target, feature_mask=mask)  # noqa: B023
         )
-        n_rows = (method.last_coalitions + 1) * x.shape[0]
+        n_rows = round((method.last_coalitions + 1) * x.shape[0])
         t_floor = floor_wall * n_rows / rows_floor
         cls, options = theirs[name]
 

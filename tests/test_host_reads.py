@@ -6,10 +6,11 @@ inputs on the device (and for four methods on the host, the model on the device)
 indices go from the host to the device); AttnLRP and CP-LRP on a tiny Hugging Face LLaMA (2 layers, hidden 32, eager
 and sdpa attention) at the token embedding, the last position's logit of token 5; `explain_generation` on the zoo's
 retrieval LM (2 prompts, their answers forced) with Input x Gradient and AttnLRP; `GradientFlow.step` on a small MLP
-(a step, three steps of which the last reads the full buffer out, a monitor's first step). Each case is counted on its
-second call (the first may choose a layer or build a cache), and only the reads hookviz makes: the model's own
-(Hugging Face's cache builds tensors from Python lists) are reported, not counted. Tensors a method holds from its
-construction (LRP's z^B bounds) are host tensors (`_held`).
+(a step, three steps of which the last reads the full buffer out, a monitor's first step); PartitionShap on the
+resnet18 with a mask per image (two layouts: a hierarchy each). Each case is counted on its second call (the first
+may choose a layer or build a cache), and only the reads hookviz makes: the model's own (Hugging Face's cache builds
+tensors from Python lists) are reported, not counted. Tensors a method holds from its construction (LRP's z^B bounds,
+a feature mask) are host tensors (`_held`).
 
 The budget (`BUDGET`): at most one host synchronisation per call, the validation that reads values (finite inputs)
 before any work; none with the batch on the host. Where a method is not there, its budget is the count measured, with
@@ -133,6 +134,20 @@ def _flow_case(steps: int, buffer: int, first: bool = False) -> Callable[[], Any
     return lambda: [step(flow) for _ in range(steps)]
 
 
+def _partition_per_input_case() -> Callable[[], Any]:
+    """PartitionShap with a mask per image, two layouts (an 8 x 8 grid and its transpose): a hierarchy each, built
+    from the masks on the host, their traversals sharing the forward passes."""
+    grid = hv.grid_mask((64, 64), 8)
+    method = hv.PartitionShap(_model("resnet18"), feature_mask=torch.stack([grid, grid.T.contiguous()]).unsqueeze(1))
+    x = _images().to(DEVICE)
+
+    def call() -> Any:
+        return method.attribute(x, target=TARGET)
+
+    call.host = tuple(_held(method))  # type: ignore[attr-defined]
+    return call
+
+
 CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     **{f"resnet18 {n}": (lambda n=n: _method_case("resnet18", n)) for n in ON_RESNET},
     **{f"vit {n}": (lambda n=n: _method_case("vit", n)) for n in ON_VIT},
@@ -147,6 +162,7 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
         for c in ("attn-lrp", "cp-lrp")
     },
     **{f"explain_generation {m}": (lambda m=m: _generation_case(m)) for m in ("input-x-gradient", "attn-lrp")},
+    "resnet18 partition-shap, a mask per image": _partition_per_input_case,
     "GradientFlow.step": lambda: _flow_case(1, 32),
     "GradientFlow.step x3, the buffer read out": lambda: _flow_case(3, 3),
     "GradientFlow.step, the first (layout)": lambda: _flow_case(1, 32, first=True),
@@ -164,6 +180,10 @@ BUDGET |= {c: 2 for c in CASES if "cam" in c and "on the host" not in c}
 # Integrated Gradients: the completeness warning reads the sums after the work; where it fires (the ViT at 2 steps)
 # its message reads 4 values more
 BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
+# KernelShap: shap's skip of the groups that do not vary (`coalitions.varying_groups`) reads which groups of each input
+# differ from the baselines, an (N, M) bool, before the forward passes: each input's coalitions depend on it (1 with
+# varying_only=False)
+BUDGET |= {c: 2 for c in CASES if c.endswith(" kernel-shap")}
 
 
 def count(case: str) -> HostReads:

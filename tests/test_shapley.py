@@ -260,6 +260,103 @@ def test_kernel_coalitions_enumerate_whole_sizes_as_shap() -> None:
     torch.testing.assert_close(w.sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
+# shap's varying groups: the features where an input equals the baseline (with several background rows: equals every
+# row), per input. Background columns 0..6 are the same in every row (only there can an input not vary); row 4 takes
+# background row 0's values everywhere: with one background row nothing varies, with three its last feature does.
+SAME = [[1, 4, 5], [0, 2, 6], [0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6], list(range(8))]
+
+
+def _varying_case(b: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor, list[list[int]]]:
+    model = mlp(8, 1, seed=3, dtype=torch.float64)
+    background = rows(b, 8, seed=6).double()
+    background[:, :7] = background[:1, :7]
+    x = rows(len(SAME), 8, seed=4).double()
+    for r, same in enumerate(SAME):
+        x[r, same] = background[0, same]
+    not_varying = [same if b == 1 or 7 not in same else same[:-1] for same in SAME]
+    return model, x, background, not_varying
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_kernel_shap_skips_the_groups_that_do_not_vary_as_shap(b) -> None:
+    shap = require("shap")
+    model, x, background, not_varying = _varying_case(b)
+
+    def f(z):
+        with torch.no_grad():
+            return model(torch.as_tensor(z)).numpy()[:, 0]
+
+    # 30 coalitions enumerate every coalition of the rows' 5, 4, 1 or 0 varying groups, not of all 8: deterministic in
+    # shap and here, and only with the skip (the draws over 8 groups would differ from shap's)
+    want = shap.KernelExplainer(f, background.numpy()).shap_values(x.numpy(), nsamples=30, l1_reg=False, silent=True)
+    baselines = background if b == 1 else hv.Background(background)  # one baseline, or a distribution
+    method = hv.KernelShap(model, n_samples=30, baselines=baselines)
+    got = method.attribute(x, target=0)
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-10, atol=1e-10)  # both float64
+    with torch.no_grad():
+        gap = model(x)[:, 0] - model(background)[:, 0].mean()
+    torch.testing.assert_close(got.sum(1), gap, rtol=1e-12, atol=1e-12)  # efficiency over the varying groups
+    for r, same in enumerate(not_varying):  # exactly 0, not a regression's near-zero
+        assert torch.equal(got[r, same], torch.zeros(len(same), dtype=torch.float64))
+    # switched off: a regression over all 8 groups, not shap's, with the budget for every input
+    off = hv.KernelShap(model, n_samples=30, baselines=baselines, varying_only=False)
+    regressed = off.attribute(x, target=0)
+    assert not torch.allclose(regressed, got, atol=1e-6)
+    assert bool((regressed[0, not_varying[0]] != 0).any())
+    # the cost per input: the empty coalition and 2^M' - 2 coalitions of each row's M' = 5, 5, 4, 1 (or 0) groups
+    assert off.last_coalitions == 1 + 30 and method.last_coalitions == 1 + (30 + 30 + 14) / 5
+
+
+def test_kernel_shap_varying_groups_batched_equal_single_calls() -> None:
+    # 40 coalitions of 8, 7 or 6 varying groups: drawn, not enumerated; rows 1 and 3 share their varying set (one
+    # coalition set, one solve), the others have their own
+    model, b = mlp(8, 2, seed=3, dtype=torch.float64), rows(1, 8, seed=6).double()
+    x = rows(4, 8, seed=4).double()
+    for r, same in enumerate([[], [2], [0, 5], [2]]):
+        x[r, same] = b[0, same]
+    method = hv.KernelShap(model, n_samples=40, baselines=b)
+    batch = method.attribute(x, target=[0, 1, 1, 0])
+    for r in range(4):
+        alone = method.attribute(x[r : r + 1], target=[[0, 1, 1, 0][r]])
+        # float64 throughout; the same coalitions and weights: what differs is the rounding of the forward passes
+        # and of the solve over batches of other sizes, a few ulps of values of size ~1
+        torch.testing.assert_close(batch[r : r + 1], alone, rtol=0, atol=1e-13)
+    assert torch.equal(batch[1, 2], torch.tensor(0.0, dtype=torch.float64)) and batch[2, [0, 5]].eq(0).all()
+    with torch.no_grad():
+        gap = (model(x) - model(b))[torch.arange(4), torch.tensor([0, 1, 1, 0])]
+    torch.testing.assert_close(batch.sum(1), gap, rtol=1e-12, atol=1e-12)
+    # the varying set is each input's: with every group varying everywhere, the skip changes nothing
+    x[1, 2], x[2, 0], x[2, 5], x[3, 2] = 1.5, 1.5, 1.5, 1.5
+    full = hv.KernelShap(model, n_samples=40, baselines=b, varying_only=False).attribute(x, target=0)
+    assert torch.equal(method.attribute(x, target=0), full)
+
+
+def test_kernel_shap_varying_groups_keep_the_axioms() -> None:
+    # float32, features equal to the baseline in some rows, and a group of two features of which one varies: efficient,
+    # the linear model's w (x - b), the same for every chunk size, (N, K) targets equal K single calls
+    model, b = mlp(6, 3), rows(1, 6, seed=5)
+    x = rows(3, 6)
+    x[0, [1, 3]], x[2, [0, 1, 2]], x[1, 4] = b[0, [1, 3]], b[0, [0, 1, 2]], b[0, 4]
+    mask = torch.tensor([[0, 1, 2, 3, 4, 4]])  # group 4: feature 4 equals the baseline in row 1, feature 5 does not
+    build = lambda m, **o: hv.KernelShap(m, n_samples=20, baselines=b, feature_mask=mask, **o)  # noqa: E731
+    attr = build(model).attribute(x, target=[0, 1, 2])
+    with torch.no_grad():
+        gap = (model(x) - model(b))[torch.arange(3), torch.tensor([0, 1, 2])]
+    torch.testing.assert_close(attr.double()[:, :5].sum(1), gap.double(), **F32)  # the 5 groups (4 spans 4 and 5)
+    assert attr[0, [1, 3]].eq(0).all() and attr[2, :3].eq(0).all() and attr[1, 4] != 0
+    want = build(model).attribute(x, target=2)
+    for options in ({"batch_size": 1}, {"batch_size": 7}, {"max_memory": 5 * 24}):
+        torch.testing.assert_close(build(model, **options).attribute(x, target=2), want, **F32)
+    targets = torch.tensor([[0, 2], [1, 1], [2, 0]])
+    both = build(model).attribute(x, target=targets)
+    for k in range(2):
+        torch.testing.assert_close(both[:, k], build(model).attribute(x, target=targets[:, k]), **F32)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0, -1.0])
+    lin = hv.KernelShap(linear(w), n_samples=20, baselines=b).attribute(x, target=0)
+    torch.testing.assert_close(lin, w * (x - b), **F32)
+    assert lin[0, [1, 3]].eq(0).all() and lin[2, :3].eq(0).all()
+
+
 # -- PartitionShap: Owen values ----------------------------------------------------------------------------------------
 def brute_owen(v, tree) -> list[float]:
     """Owen values by definition over two levels: unions U_1..U_u, Shapley among the unions, then within each."""
@@ -305,6 +402,57 @@ def test_partition_shap_default_hierarchy_splits_image_patches_spatially() -> No
     mask = hv.grid_mask((8, 8), 4).view(1, 1, 8, 8)  # 2 x 2 patches: 0 1 / 2 3
     assert hierarchy((mask,), 4) in (((0, 2), (1, 3)), ((0, 1), (2, 3)))
     assert hierarchy((torch.arange(6).view(1, 6),), 6) == ((0, (1, 2)), (3, (4, 5)))
+
+
+def _two_layouts() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Two images with masks of their own: image 0 a 2 x 2 grid numbered 0 1 / 2 3 (4 groups: id 4 absent), image 1
+    the same grid numbered 0 2 / 1 3 with its bottom-right cell cut into a top and a bottom half (ids 3 / 4). The
+    default hierarchy halves both images into top and bottom: in ids, ((0, 1), (2, 3)) and ((0, 2), (1, (3, 4)))."""
+    grid = hv.grid_mask((8, 8), 4)
+    other = grid.T.clone()
+    other[6:, 4:] = 4
+    model = cnn().double()
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    return model, x, torch.stack([grid, other]).unsqueeze(1)
+
+
+@pytest.mark.parametrize("max_evals", [None, 8])
+def test_partition_shap_one_hierarchy_per_input_layout(max_evals) -> None:
+    from hookviz.methods.shapley.groups import hierarchy
+
+    model, x, masks = _two_layouts()
+    trees = [hierarchy((masks[i : i + 1],), 5) for i in range(2)]
+    assert trees == [((0, 1), (2, 3)), ((0, 2), (1, (3, 4)))]  # each from its own layout
+    targets = [0, 2]
+    batch = hv.PartitionShap(model, max_evals=max_evals).attribute(x, target=targets, feature_mask=masks)
+
+    def alone(i: int, tree=None) -> torch.Tensor:
+        method = hv.PartitionShap(model, max_evals=max_evals, hierarchy=tree)
+        return method.attribute(x[i : i + 1], target=targets[i], feature_mask=masks[i : i + 1])
+
+    # float64 and the same coalitions: what differs is the rounding of forward passes and sums over other batch sizes
+    for i in range(2):
+        torch.testing.assert_close(batch[i : i + 1], alone(i), rtol=0, atol=1e-13)
+    # image 1 walks its own tree, not image 0's (which halves image 1 into left and right)
+    torch.testing.assert_close(batch[1:], alone(1, trees[1]), rtol=0, atol=1e-13)
+    assert not torch.allclose(batch[1:], alone(1, (*trees[0], 4)), atol=1e-6)
+    with torch.no_grad():
+        gap = model(x)[[0, 1], targets] - model(torch.zeros_like(x))[[0, 1], targets]
+    per_group = torch.stack([torch.stack([batch[i][masks[i].expand(3, 8, 8) == g][0] for g in masks[i].unique()]).sum()
+                             for i in range(2)])  # fmt: skip
+    torch.testing.assert_close(per_group, gap, rtol=1e-12, atol=1e-12)  # efficiency, exact for each input
+
+
+def test_inputs_with_the_same_layout_share_one_hierarchy() -> None:
+    from hookviz.methods.shapley.groups import layouts
+
+    _, _, masks = _two_layouts()
+    three = torch.cat([masks, masks[:1]])
+    assert [r.tolist() for r in layouts((three,), 3)] == [[0, 2], [1]]
+    assert [r.tolist() for r in layouts((torch.zeros(1, 1, 8, 8, dtype=torch.long),), 3)] == [[0, 1, 2]]
+    # a second tensor whose per-input masks differ splits inputs that the first tensor's would group
+    tabular = torch.tensor([[5, 6], [5, 6], [6, 5]])
+    assert [r.tolist() for r in layouts((three, tabular), 3)] == [[0], [1], [2]]
 
 
 # -- groups, baselines, inputs -----------------------------------------------------------------------------------------

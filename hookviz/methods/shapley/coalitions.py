@@ -5,8 +5,10 @@ elements of that group, False replaces them by the baseline's. v(S) is the targe
 ``torch.where(coalition[group_ids], x, baseline)``, averaged over the baselines when they are a distribution
 (`Background`). All S x N (x B background rows) inputs form one expanded batch, row ``(s * N + i) * B + j``, built on
 the model's device chunk by chunk (at most ``batch_size`` rows, and at most ``max_memory`` bytes of built inputs) and
-scored for all K targets of each input by the same forward passes. The coalitions themselves are drawn on the host
-from a `torch.Generator` (the same draws on every device, for every chunk size) and copied to the device once.
+scored for all K targets of each input by the same forward passes. Where inputs need coalitions of their own
+(KernelShap's varying groups, PartitionShap's hierarchy per layout), blocks of (coalitions, inputs) follow one another
+in that batch (`Coalitions.blocks`). The coalitions themselves are drawn on the host from a `torch.Generator` (the
+same draws on every device, for every chunk size) and copied to the device once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..._checks import int_option, is_int, is_number
-from ..._device import to_device
+from ..._device import to_device, to_host
 from ..._progress import progress_bar
 from ...hooks import HookManager
 from ...inputs import check_finite
@@ -168,6 +170,28 @@ def resolve_baselines(
     return Reference(tuple(out), 1)
 
 
+def varying_groups(xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor:
+    """The (N, M) bool on the host of the groups that vary for each input (shap's `KernelExplainer`
+    ``varying_groups``): a group varies when one of its elements differs from the baseline's, or, with a
+    `Background`, from that element of some background row. A group that does not vary changes no built input
+    whatever the coalition: its Shapley value is exactly 0. Exact equality (shap compares with ``np.allclose``). One
+    read of N x M values (on a GPU: one wait), before any forward pass."""
+    n, dev = xs[0].shape[0], xs[0].device
+    out = torch.zeros(n, m, dtype=torch.uint8, device=dev)
+    for t, (x, g) in enumerate(zip(xs, masks, strict=True)):
+        base = ref.tensors[t]
+        if isinstance(ref, BackgroundReference):  # the B rows in chunks of about 2^24 compared elements
+            differs = torch.zeros(x.shape, dtype=torch.bool, device=dev)
+            step = max(1, 2**24 // max(x.numel(), 1))
+            for lo in range(0, base.shape[0], step):
+                differs |= (x.unsqueeze(1) != base[lo : lo + step].unsqueeze(0)).any(1)
+        else:
+            differs = x != base
+        ids = to_device(g, dev).expand(n, *x.shape[1:]).reshape(n, -1)  # the host mask, copied without a wait
+        out.scatter_reduce_(1, ids, differs.reshape(n, -1).to(torch.uint8), "amax")
+    return to_host([out])[0].bool()
+
+
 class Coalitions:
     """v(S) for batches of coalitions on one call's inputs: `values` runs the chunked forward passes."""
 
@@ -198,37 +222,60 @@ class Coalitions:
         self.n = xs[0].shape[0]
         self.passes = 0  # forward passes run so far (coalition rows / rows_per_pass, rounded up per call)
         self.k = 1  # targets per input, set once the clean pass has resolved them
-        self.evaluated = 0  # coalitions evaluated so far (each on every input, and every background row)
+        self.evaluated = 0  # (coalition, input) pairs evaluated so far (each on every background row)
+        self.varying: Tensor | None = None  # (N, M) bool on the host where the method asked for it (`_varying`)
 
     def values(self, coalitions: Tensor, label: str = "coalitions") -> Tensor:
-        """v(S) of the (S, M) bool `coalitions`: (S, N, K) in float64."""
-        coalitions = to_device(coalitions.bool(), self.device)  # drawn on the host, copied once
-        s_count, n, b = coalitions.shape[0], self.n, self.ref.b
-        self.evaluated += s_count
-        total = s_count * n * b
-        if total == 0:
-            return torch.zeros(s_count, n, self.k, dtype=torch.float64, device=self.device)
+        """v(S) of the (S, M) bool `coalitions` on every input: (S, N, K) in float64."""
+        return self.blocks([(coalitions, torch.arange(self.n))], label)[0]
+
+    def blocks(self, blocks: list[tuple[Tensor, Tensor]], label: str = "coalitions") -> list[Tensor]:
+        """v(S) of several blocks, each (S_b, M) bool coalitions and the (n_b,) host indices of the inputs they are
+        evaluated on: a list of (S_b, n_b, K) float64, all blocks' rows scored by the same chunked forward passes (a
+        block's row ``(s * n_b + i) * B + j``, the blocks one after another). Inputs that need different coalitions
+        (KernelShap's varying groups, PartitionShap's hierarchy per layout) so share every forward pass."""
+        dev, b = self.device, self.ref.b
+        counts = [(z.shape[0], inputs.numel()) for z, inputs in blocks]
+        pairs = [s * n for s, n in counts]
+        self.evaluated += sum(pairs)
+        if sum(pairs) == 0:
+            return [torch.zeros(s, n, self.k, dtype=torch.float64, device=dev) for s, n in counts]
+        # the blocks as tables (host, copied once without a wait): where each block's rows, coalitions, inputs and
+        # (coalition, input) pairs start, and its number of inputs
+        coalitions = torch.cat([to_device(z.bool(), dev) for z, _ in blocks])  # drawn on the host, copied once
+        inputs = torch.cat([i.long() for _, i in blocks])
+        sizes = torch.tensor([[p * b, s, n, p] for (s, n), p in zip(counts, pairs, strict=True)]).view(-1, 4)
+        table = torch.cat([sizes.cumsum(0) - sizes, sizes[:, 2:3].clamp_min(1)], 1)  # starts, and n_b
+        tables = (table, inputs), (to_device(table, dev), to_device(inputs, dev))
+
+        def locate(r: Tensor, on: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            """The block rows `r`'s coalition, input, background sample and (coalition, input) pair indices."""
+            tab, inp = tables[on]
+            k = torch.searchsorted(tab[:, 0].contiguous(), r, right=True) - 1
+            start, first_s, first_i, first_p, width = tab[k].unbind(1)
+            local = r - start
+            j, p = local % b, local // b
+            return first_s + p // width, inp[first_i + p % width], j, first_p + p
+
         out: Tensor | None = None
-        for start, stop in self._chunks(total, label):
-            r = torch.arange(start, stop, device=self.device)
-            j, si = r % b, r // b
-            i, s = si % n, si // n
+        for start, stop in self._chunks(sum(pairs) * b, label):
+            s, i, j, pair = locate(torch.arange(start, stop, device=dev), 1)
             keep = coalitions[s]  # (R, M)
             built = []
             for t, (x, g, shape) in enumerate(zip(self.xs, self.masks, self.shapes, strict=True)):
                 mask = keep[:, g[0]] if g.shape[0] == 1 else torch.gather(keep, 1, g[i])
                 mask = mask.view(stop - start, *shape[1:])
                 built.append(torch.where(mask, x[i], self.ref.rows(t, s, i, j)))
-            on_host = torch.arange(start, stop) // b % n  # the targets' rows (`TargetPlan.take`), on the host
+            on_host = locate(torch.arange(start, stop), 0)[1]  # the targets' rows (`TargetPlan.take`), on the host
             scores = forward_scores(
                 self.method.model, tuple(built), plan_rows(self.plan, on_host), None, forward_args=self.fwd.rows(i)
             ).scores.double()
             if out is None:
-                out = torch.zeros(s_count * n, scores.shape[1], dtype=torch.float64, device=self.device)
-            out.index_add_(0, si, scores)
+                out = torch.zeros(sum(pairs), scores.shape[1], dtype=torch.float64, device=dev)
+            out.index_add_(0, pair, scores)
             self.passes += 1
         assert out is not None
-        return (out / b).view(s_count, n, -1)
+        return [v.view(s, n, -1) for v, (s, n) in zip((out / b).split(pairs), counts, strict=True)]
 
     def _chunks(self, total: int, label: str) -> Iterator[tuple[int, int]]:
         steps = math.ceil(total / self.rows_per_pass)
@@ -370,7 +417,9 @@ class CoalitionAttribution(PerturbationAttribution):
                     f"to at least {row_bytes} bytes"
                 )
             rows = min(rows, self.max_memory // row_bytes)
-        kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator)
+        # read here, before any forward pass, where the method needs it (KernelShap)
+        varying = self._varying(tuple(t.detach() for t in xs), masks, m, ref)
+        kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator, varying=varying)
         return super()._explain(x, target, **kwargs)
 
     def _check_groups(self, m: int) -> None:
@@ -379,6 +428,10 @@ class CoalitionAttribution(PerturbationAttribution):
     def _check_batch(self, n: int) -> None:
         """Refuse batch sizes the method cannot handle (before any forward pass)."""
 
+    def _varying(self, xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor | None:
+        """The groups that vary per input (`varying_groups`), where the method uses them; None: not needed."""
+        return None
+
     def _run(self, x: Any, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Any, Targets]:
         xs = tuple(t.detach() for t in (x if isinstance(x, tuple) else (x,)))
         masks, m = kwargs["groups"]
@@ -386,9 +439,13 @@ class CoalitionAttribution(PerturbationAttribution):
         targets, plan = self._clean(xs, target, fwd)  # type: ignore[arg-type]
         engine = Coalitions(self, xs, masks, m, kwargs["reference"], plan, fwd, kwargs["rows_per_pass"])
         engine.k = targets.scores.shape[1]
+        engine.varying = kwargs["varying"]
         phi = self._groups(engine, targets.scores.double(), kwargs["generator"])  # (N, K, M)
-        # what the call cost, for benchmarks and curious users: forward passes and coalitions (the clean pass aside)
-        self.last_passes, self.last_coalitions = engine.passes, engine.evaluated
+        # what the call cost, for benchmarks and curious users: forward passes and coalitions per input (the clean
+        # pass aside; a mean where inputs took different numbers, KernelShap's varying groups)
+        per_input = engine.evaluated / engine.n
+        self.last_passes = engine.passes
+        self.last_coalitions = int(per_input) if per_input.is_integer() else per_input
         self.last_rows_per_pass = engine.rows_per_pass
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in xs) else torch.float32
         return spread(phi.to(dtype), engine.device_masks, xs), targets

@@ -6,8 +6,8 @@ every input) or N (groups per input; an input without some group gives that grou
 the group's whole attribution (captum's convention): the attributions of the M groups, not of the elements, add up.
 
 Helpers: `grid_mask` (patches), `superpixels` (SLIC, implemented here in torch: no dependency), `default_mask` (one
-group per token, per tabular feature, or per cell of an 8 x 8 grid on images) and `hierarchy` (the binary tree over
-the groups that `PartitionShap` walks).
+group per token, per tabular feature, or per cell of an 8 x 8 grid on images), `layouts` (the inputs that share their
+masks) and `hierarchy` (the binary tree over one layout's groups that `PartitionShap` walks).
 """
 
 from __future__ import annotations
@@ -213,13 +213,28 @@ def _split(ids: list[int], coords: Tensor) -> Tree:
     return (_split(left, coords), _split(right, coords))
 
 
-def hierarchy(masks: tuple[Tensor, ...], m: int) -> Tree:
-    """The default hierarchy of `PartitionShap`: a binary tree over the M groups, built by splitting them in halves
-    at the median of their centroids along the widest axis (spatial halves for image patches and superpixels,
+def layouts(masks: tuple[Tensor, ...], n: int) -> list[Tensor]:
+    """The N inputs grouped by the layout of their groups: the (n_b,) host indices of the inputs whose masks are equal
+    in every tensor (per-input masks, first axis N; a mask shared by the batch, first axis 1, is everyone's), in
+    order of their first input. One group when no mask is per input. Read on the host, where `check_masks` left the
+    masks: no value of the device is read."""
+    per = [mk.flatten(1) for mk in masks if mk.shape[0] > 1]
+    if not per:
+        return [torch.arange(n)]
+    _, which = torch.unique(torch.cat(per, 1), dim=0, return_inverse=True)
+    first = torch.full((int(which.max()) + 1,), n).scatter_reduce(0, which, torch.arange(n), "amin")
+    rank = first.argsort().argsort()[which]  # the layouts numbered in order of their first input
+    return list(rank.argsort(stable=True).split(torch.bincount(rank).tolist()))
+
+
+def hierarchy(masks: tuple[Tensor, ...], m: int, row: int = 0) -> Tree:
+    """The default hierarchy of `PartitionShap` for the layout of input `row` (its row of per-input masks; a mask
+    shared by the batch is every input's): a binary tree over the groups present there, built by splitting them in
+    halves at the median of their centroids along the widest axis (spatial halves for image patches and superpixels,
     contiguous halves for tabular features and tokens); with several input tensors, first by tensor."""
     per_tensor: list[Tree] = []
     for mask in masks:
-        g = mask[0] if mask.shape[0] == 1 else mask[0]  # per-input masks: the first input's layout
+        g = mask[0] if mask.shape[0] == 1 else mask[row]
         coords = torch.stack(
             torch.meshgrid(*[torch.arange(s, dtype=torch.float64) for s in g.shape], indexing="ij"), -1
         ).view(-1, g.dim())

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..._checks import bool_option, int_option
 from ..._device import to_device
 from ..base import register
-from .coalitions import CoalitionAttribution, Coalitions, solve_host_matrix
+from .coalitions import CoalitionAttribution, Coalitions, Reference, solve_host_matrix, varying_groups
 
 
 def kernel_coalitions(m: int, n_samples: int, generator: torch.Generator, paired: bool = True) -> tuple[Tensor, Tensor]:
@@ -103,6 +103,12 @@ def eliminated_regression(z: Tensor, w: Tensor, y: Tensor, total: Tensor) -> Ten
     return torch.cat([sol, (total - sol.sum(0)).unsqueeze(0)])
 
 
+def put(phi: Tensor, inputs: Tensor, groups: Tensor, values: Tensor) -> None:
+    """``phi[inputs][:, :, groups] = values``: the (n, K, G) `values` written into the (N, K, M) `phi` in place."""
+    k = torch.arange(phi.shape[1], device=phi.device)
+    phi.index_put_((inputs[:, None, None], k[None, :, None], groups[None, None, :]), values)
+
+
 @register("kernel-shap")
 class KernelShap(CoalitionAttribution):
     r"""KernelSHAP (Lundberg & Lee, 2017, "A Unified Approach to Interpreting Model Predictions", NeurIPS): the
@@ -121,21 +127,43 @@ class KernelShap(CoalitionAttribution):
     enumerated and the result is the exact Shapley values; it then equals shap's ``KernelExplainer(...,
     l1_reg=False)`` and `ShapleyValues` to float rounding.
 
+    Varying groups (shap's ``varying_groups``, on by default): a group whose elements all equal the baseline's (with a
+    `Background`: that element of every background row) changes no built input, so its Shapley value is exactly 0;
+    it gets 0 and is left out of the regression, whose coalitions, kernel weights, enumeration of whole sizes and
+    efficiency elimination are then over the M' groups that vary (M' per input; inputs that share their varying set
+    share coalitions and one solve, and every set's coalitions are drawn from the generator's state at the call's
+    start, so an input gets the same result in a batch as alone). With M' = 1 that group gets the whole gap f(x) -
+    v(empty), with M' = 0 every group gets 0, as in shap. The budget then goes further: with ``n_samples >= 2^M' -
+    2`` the result is exact. Equality is exact here (shap's ``np.allclose`` also skips groups within its
+    tolerance). ``varying_only=False`` regresses over all M groups for every input (one coalition set for the
+    batch).
+
     Args:
-        n_samples: coalitions per input (besides the empty one), at most 2^M - 2 are used; None: shap's default
-            2 M + 2048. Must exceed M (the regression's M - 1 unknowns need more coalitions than groups).
+        n_samples: coalitions per input (besides the empty one), at most 2^M' - 2 are used; None: shap's default
+            2 M' + 2048. Must exceed M (the regression's M - 1 unknowns need more coalitions than groups).
         paired: draw each random coalition with its complement (shap does).
+        varying_only: skip the groups that do not vary, as shap does (reads which groups vary: an (N, M) bool,
+            one host read before the forward passes); False: every group is regressed.
         others: `CoalitionAttribution`.
 
-    Cost: (n_samples + 1) x N (x B) rows forward, plus N.
+    Cost: (n_samples + 1) x N (x B) rows forward, plus N (fewer where inputs have fewer varying groups).
     """
 
-    def __init__(self, model: nn.Module, *, n_samples: int | None = None, paired: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        n_samples: int | None = None,
+        paired: bool = True,
+        varying_only: bool = True,
+        **options: Any,
+    ) -> None:
         super().__init__(model, **options)
         self.n_samples = int_option(
             "n_samples", n_samples, "None (2 M + 2048) or an int >= 2", minimum=2, optional=True
         )
         self.paired = bool_option("paired", paired)
+        self.varying_only = bool_option("varying_only", varying_only)
 
     def _budget(self, m: int) -> int:
         return 2 * m + 2048 if self.n_samples is None else self.n_samples
@@ -148,14 +176,46 @@ class KernelShap(CoalitionAttribution):
                 f"n_samples > {m} (shap's default is 2 M + 2048 = {2 * m + 2048})"
             )
 
+    def _varying(self, xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor | None:
+        return varying_groups(xs, masks, m, ref) if self.varying_only else None
+
     def _groups(self, engine: Coalitions, clean: Tensor, generator: torch.Generator) -> Tensor:
-        m = engine.m
+        m, n, dev = engine.m, engine.n, engine.device
         empty = engine.values(torch.zeros(1, m, dtype=torch.bool), "empty")[0]  # (N, K)
-        total = (clean - empty).flatten()
-        if m == 1:
-            return total.view(*clean.shape, 1)
-        z, w = kernel_coalitions(m, self._budget(m), generator, self.paired)
-        v = engine.values(z, "coalitions")  # (S, N, K)
-        y = (v - empty).flatten(1)
-        phi = eliminated_regression(z.double(), w, y, total)  # (M, N K)
-        return phi.T.reshape(*clean.shape, m)
+        total = clean - empty  # (N, K)
+        varying = engine.varying if engine.varying is not None else torch.ones(n, m, dtype=torch.bool)
+        # the inputs grouped by their set of varying groups: each set its own coalitions over its groups alone, all
+        # evaluated by the same forward passes (`Coalitions.blocks`), then one regression per set for all its
+        # inputs and targets. The Python loops below go over the distinct sets (one when every group varies, as on
+        # images against a baseline), not over the inputs: each set has its own number of unknowns, its own
+        # enumeration of whole sizes and kernel weights, so its own design matrix and solve.
+        sets, which = torch.unique(varying, dim=0, return_inverse=True)
+        order = torch.full((sets.shape[0],), n).scatter_reduce(0, which, torch.arange(n), "amin").argsort()
+        phi = torch.zeros(n, *total.shape[1:], m, dtype=torch.float64, device=dev)  # (N, K, M)
+        start = generator.get_state()
+        after = start  # the generator's state after the call: the largest set's draw (the draw of every group)
+        work = []
+        for k in order.tolist():
+            groups = sets[k].nonzero()[:, 0]
+            inputs = (which == k).nonzero()[:, 0]
+            inputs_d, groups_d = to_device(inputs, dev), to_device(groups, dev)
+            if groups.numel() == 1:  # one group varies: it has the whole gap, as in shap
+                put(phi, inputs_d, groups_d, total[inputs_d].unsqueeze(-1))
+            if groups.numel() < 2:
+                continue
+            # every set draws from the generator's state at the call's start, so that an input gets the coalitions
+            # it would get alone (a batch equals its single calls)
+            draws = torch.Generator().set_state(start)
+            zv, w = kernel_coalitions(groups.numel(), self._budget(groups.numel()), draws, self.paired)
+            if groups.numel() == sets.sum(1).max():
+                after = draws.get_state()
+            z = torch.zeros(zv.shape[0], m, dtype=torch.bool)
+            z[:, groups] = zv  # the groups that do not vary stay at the baseline: they change nothing
+            work.append((z, zv, w, inputs, inputs_d, groups_d))
+        generator.set_state(after)
+        values = engine.blocks([(z, inputs) for z, _, _, inputs, _, _ in work], "coalitions")  # (S_b, n_b, K)
+        for (_, zv, w, _, inputs_d, groups_d), v in zip(work, values, strict=True):
+            y = (v - empty[inputs_d]).flatten(1)
+            sol = eliminated_regression(zv.double(), w, y, total[inputs_d].flatten())  # (M_b, n_b K)
+            put(phi, inputs_d, groups_d, sol.T.reshape(inputs_d.shape[0], total.shape[1], -1))
+        return phi
