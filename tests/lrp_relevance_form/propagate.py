@@ -1,5 +1,6 @@
-"""One LRP forward pass: the composite as a rule table on the engine (`hookviz.methods.rules`), canonization found
-at run time.
+"""The relevance form of LRP, kept as the test reference of the gradient form that hookviz runs
+(`hookviz.methods.lrp.gradient_form`): one LRP forward pass, the composite as a rule table on the engine
+(`hookviz.methods.rules`), canonization found at run time.
 
 How (one forward, one backward): the engine hands each layer call (and each functional call the table names) to a
 rule that replaces the output by the output of a small `torch.autograd.Function` that keeps the input (and, for
@@ -38,73 +39,39 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ...hooks import HookManager
-from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
-from ..rules import Call, Coverage, RuleEngine, RuleTable
-from ..rules import Rule as EngineRule
-from ..rules.reach import InputReach
-from .audit import AuditBook, AuditEntry
-from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
-from .norm import norm_map
-from .output_rows import output_layer
-from .rulecall import Kept, Recompute, _PassFn, value
-from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
-from .transformer import NormIdentity, whole_module_rule
-from .transformer_ops import TransformerOps
+from hookviz.hooks import HookManager
+from hookviz.methods.lrp.audit import AuditBook, AuditEntry
+from hookviz.methods.lrp.composites import (
+    ACTIVATIONS,
+    AVG_POOLS,
+    BATCH_NORMS,
+    GRADIENT_LAYERS,
+    LINEAR_LAYERS,
+    Composite,
+)
+from hookviz.methods.lrp.layers import (
+    ACTIVATION_FUNCTIONS,
+    ADD_FUNCTIONS,
+    AFFINE_FUNCTIONS,
+    CONCATENATIONS,
+    NONNEGATIVE_FUNCTIONS,
+    NONNEGATIVE_MODULES,
+    POOL_FUNCTIONS,
+    SIGN_KEEPING_MODULES,
+    _name,
+    uncovered,
+)
+from hookviz.methods.lrp.layers import INPLACE as _INPLACE
+from hookviz.methods.lrp.norm import norm_map
+from hookviz.methods.lrp.output_rows import output_layer
+from hookviz.methods.lrp.rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
+from hookviz.methods.lrp.transformer import NormIdentity, whole_module_rule
+from hookviz.methods.rules import Call, Coverage, RuleEngine, RuleTable
+from hookviz.methods.rules import Rule as EngineRule
+from hookviz.methods.rules.reach import InputReach
 
-ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
-    **RELU_FUNCTIONS,
-    **OTHER_ACTIVATION_FUNCTIONS,
-    torch.sigmoid: "torch.sigmoid",
-    Tensor.sigmoid: "Tensor.sigmoid",
-    torch.tanh: "torch.tanh",
-    Tensor.tanh: "Tensor.tanh",
-    F.elu: "F.elu",
-    F.softplus: "F.softplus",
-    F.mish: "F.mish",
-}
-_INPLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu, F.leaky_relu_: F.leaky_relu}
-# outputs >= 0 whatever the input (`LRPRun.nonnegative`), and modules whose output is >= 0 where their input is
-NONNEGATIVE_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus)
-NONNEGATIVE_FUNCTIONS = {*RELU_FUNCTIONS, F.relu6, torch.sigmoid, Tensor.sigmoid, F.softplus}
-SIGN_KEEPING_MODULES: tuple[type[nn.Module], ...] = (*AVG_POOLS, *GRADIENT_LAYERS)  # pools, dropout, reshaping
-CONCATENATIONS = {torch.cat: "torch.cat", torch.concat: "torch.concat", torch.concatenate: "torch.concatenate"}
-POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
-    F.avg_pool1d: "F.avg_pool1d",
-    F.avg_pool2d: "F.avg_pool2d",
-    F.avg_pool3d: "F.avg_pool3d",
-    F.adaptive_avg_pool1d: "F.adaptive_avg_pool1d",
-    F.adaptive_avg_pool2d: "F.adaptive_avg_pool2d",
-    F.adaptive_avg_pool3d: "F.adaptive_avg_pool3d",
-    torch.mean: "torch.mean",
-    Tensor.mean: "Tensor.mean",
-}
-ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
-    Tensor.add: "+",
-    torch.add: "torch.add",
-    Tensor.add_: "+=",
-    Tensor.__radd__: "+",
-}
-# elementwise affine maps by a constant (input normalization inside a forward, scaling): relevance passes unchanged,
-# as through a folded BatchNorm; a product of two tensors that both need a gradient (gating) has no rule
-AFFINE_FUNCTIONS: dict[Callable[..., Any], str] = {
-    Tensor.sub: "-",
-    torch.sub: "torch.sub",
-    Tensor.div: "/",
-    torch.div: "torch.div",
-    Tensor.mul: "*",
-    torch.mul: "torch.mul",
-}
-# operations whose plain gradient is a correct relevance rule: reshaping, routing, selection, copies
-_NEUTRAL = {
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t", "contiguous",
-    "__getitem__", "cat", "concat", "concatenate", "stack", "squeeze", "unsqueeze", "split", "chunk", "unbind",
-    "expand", "expand_as", "clone", "to", "float", "double", "half", "type", "detach", "dropout", "max_pool1d",
-    "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
-    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "movedim", "narrow", "select", "roll",
-    "flip", "pad", "__get__", "size", "dim", "numel", "requires_grad_", "cpu", "cuda", "__setitem__", "copy_",
-    "identity", "repeat", "tile", "squeeze_", "unsqueeze_", "view_as_real", "index_select", "gather",
-}  # fmt: skip
+from .rulecall import Kept, Recompute, _PassFn, value
+from .transformer_ops import TransformerOps
 
 
 class _Call:
@@ -223,10 +190,6 @@ class _SumFn(torch.autograd.Function):
         return ra, rb, None
 
 
-def _name(func: Callable[..., Any]) -> str:
-    return getattr(func, "__name__", repr(func))
-
-
 class LRPRun:
     """One LRP forward pass: the composite as a `RuleTable` on the rule engine (`table`), the per-pass state its
     rules share (first layer, folded BatchNorm, the transformer rules' gates) and the calls for the audit."""
@@ -264,6 +227,10 @@ class LRPRun:
             )
         )
 
+    def set_leaf(self, leaf: Tensor) -> None:
+        """Nothing: the relevance form takes relevance at the input as its gradient (`LRP._forward` hands either
+        form's run the input leaf; the gradient form's rules need it)."""
+
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
         """The composite as engine entries: layers by name, type and kind (one rule object resolving the LRP rule
@@ -292,7 +259,7 @@ class LRPRun:
 
         # the rules of elementwise layers need their input intact: in-place activations run out of place
         table = (
-            RuleTable(uncovered=_uncovered)
+            RuleTable(uncovered=uncovered)
             .modules(activation_module, EngineRule("layer", layer, needs_input=True, owns_call=True))
             .modules(selected, EngineRule("layer", layer, owns_call=True))
         )
@@ -564,12 +531,3 @@ class LRPRun:
                 self.ops.clear()
             self.reach.clear()
             self.coverage = engine.coverage
-
-
-def _uncovered(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
-    """The name under which a call no rule covers is reported: every operation on a tensor that needs a gradient,
-    except those whose plain gradient is a correct relevance rule (reshaping, routing, selection, copies)."""
-    name = _name(func)
-    if name in _NEUTRAL or not any(isinstance(a, Tensor) and a.requires_grad for a in args):
-        return None
-    return name
