@@ -4,30 +4,34 @@ transformer composites run as one plain backward pass; the maps equal the releva
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
 
 import pytest
 import torch
+from lrp_relevance_form import relevance_form_lrp
 from test_attnlrp import _LAST, FAMILIES, MHABlock, StyledBlock, _family
 from torch import Tensor, nn
 
 import hookviz as hv
+from hookviz.methods.lrp import RelevanceAudit
 from hookviz.methods.lrp import composite as composite_of
-from hookviz.methods.lrp.gradient_form import gradient_form_allowed
+from hookviz.methods.lrp.gradient_form import check_gradient_form
 from hookviz.methods.lrp.rules import Rule
 
 
 def _both(
     model: nn.Module, x: Tensor, comp: str, target, eps: float = 0.0, **kw
-) -> tuple[Tensor, Tensor, hv.LRP, hv.LRP]:
+) -> tuple[Tensor, Tensor, hv.LRP, RelevanceAudit]:
+    """hookviz's LRP (gradient form) and the relevance form (tests/lrp_relevance_form/: each rule its own autograd
+    function): (gradient form's map, the relevance form's, the gradient form's LRP, the relevance form's audit)."""
     fast = hv.LRP(model, composite_of(comp, epsilon=eps, stabilizer=eps), **kw)
-    assert fast._gradient_form
-    slow = hv.LRP(model, composite_of(comp, epsilon=eps, stabilizer=eps), **kw)
-    slow._gradient_form = False  # the relevance form: each rule its own autograd function
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every operation covered
         got = fast.attribute(x, target=target)
-    return got, slow.attribute(x, target=target), fast, slow
+    want, slow = relevance_form_lrp(model, composite_of(comp, epsilon=eps, stabilizer=eps), x, target, **kw)
+    return got, want, fast, slow
 
 
 @pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
@@ -69,7 +73,7 @@ def test_default_stabilizers_equal_the_relevance_form_on_every_family(family: st
     # AttnLRP's softmax; the attention's entries against the relevance form's: tests/test_lrp_memory.py), and the
     # totals of the relevance form (a sum over the map's elements: at most their count times the maps' bound)
     per_input = want.flatten(1).shape[1]
-    torch.testing.assert_close(fast.audit.total, slow.audit.total, rtol=0, atol=tol * big * per_input)
+    torch.testing.assert_close(fast.audit.total, slow.total, rtol=0, atol=tol * big * per_input)
     rules = {e.rule for e in fast.audit.entries}
     assert {"epsilon", "uniform", "identity-norm"} <= rules and ("softmax" in rules) == (composite == "attn-lrp")
 
@@ -116,26 +120,71 @@ def test_by_hand_on_a_gated_product() -> None:
         r_a, r_b = wa * r_g, wb * r_g  # SiLU: relevance unchanged
         want = x * ((r_a / za) @ model.a.weight) + x * ((r_b / zb) @ model.b.weight)
         lrp = hv.LRP(model, composite_of(comp, epsilon=0.0, stabilizer=0.0))
-        assert lrp._gradient_form
         got = lrp.attribute(x, target=0)
         torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-14)  # float64 rounding
 
 
-def test_which_composites_use_it() -> None:
-    assert gradient_form_allowed(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
-    assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0, stabilizer=0.0))
+class _Custom(Rule):
+    """A user's rule of a kind with no gradient-times-input form."""
+
+    name = "custom"
+
+
+def test_which_composites_it_carries() -> None:
+    """Every named composite has a gradient-times-input form (`check_gradient_form` passes); a transformer composite
+    with a user's rule of another kind has none."""
+    check_gradient_form(composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
+    check_gradient_form(composite_of("cp-lrp", epsilon=0.0, stabilizer=0.0))
     # the stabilizers as factors on the gradient (`gradient_ops`), gamma on linear layers (`layers`)
-    assert gradient_form_allowed(composite_of("attn-lrp"))
-    assert gradient_form_allowed(composite_of("cp-lrp", epsilon=0.0))
-    assert gradient_form_allowed(composite_of("attn-lrp", linear_gamma=0.25))
+    check_gradient_form(composite_of("attn-lrp"))
+    check_gradient_form(composite_of("cp-lrp", epsilon=0.0))
+    check_gradient_form(composite_of("attn-lrp", linear_gamma=0.25))
 
-    class Custom(Rule):
-        name = "custom"
-
-    # a rule of another kind: the relevance form
-    assert not gradient_form_allowed(composite_of("attn-lrp", type_map=[(nn.GELU, Custom())]))
+    # a rule of another kind: none
+    with pytest.raises(ValueError, match="'custom' \\(_Custom\\), which has no gradient-times-input form"):
+        check_gradient_form(composite_of("attn-lrp", type_map=[(nn.GELU, _Custom())]))
     for name in ("epsilon", "epsilon-plus-flat", "epsilon-gamma-box"):  # the CNN composites: every rule (`layers`)
-        assert gradient_form_allowed(composite_of(name, low=-1.0, high=1.0))
+        check_gradient_form(composite_of(name, low=-1.0, high=1.0))
+
+
+class _Counted(nn.Module):
+    """Linear, GELU, linear; counts its forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.act, self.b = nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.calls += 1
+        return self.b(self.act(self.a(x)))
+
+
+# a transformer composite with a rule of another kind in each place one can stand, and what the error says of it
+_REJECTED = {
+    "type_map": (lambda: composite_of("attn-lrp", type_map=[(nn.GELU, _Custom())]), "its type_map gives GELU"),
+    "name_map": (lambda: composite_of("attn-lrp", name_map=[("act", _Custom())]), "its name_map gives 'act'"),
+    "sum_rule": (
+        lambda: dataclasses.replace(composite_of("attn-lrp"), sum_rule=_Custom()),
+        "its sum_rule gives additions of branches",
+    ),
+}
+
+
+@pytest.mark.parametrize("method", ["LRP", "CRP"])
+@pytest.mark.parametrize("where", sorted(_REJECTED))
+def test_a_rule_without_a_gradient_form_fails_at_construction(method: str, where: str) -> None:
+    """A transformer composite holding a rule of a kind with no gradient-times-input form: `ValueError` from
+    ``LRP(...)`` / ``CRP(...)`` naming the rule, what it maps and the rule kinds expected, before any work (no
+    forward pass, no hook left on the model)."""
+    make, said = _REJECTED[where]
+    model = _Counted()
+    with pytest.raises(ValueError, match=re.escape(f"{said} the rule 'custom' (_Custom), which has no")) as err:
+        getattr(hv, method)(model, make())
+    expected = "the kind Norm" if where == "sum_rule" else "one of the kinds LinearRule, NormIdentity, Norm, Pass,"
+    assert "LRP composite 'attn-lrp'" in str(err.value) and expected in str(err.value)
+    assert model.calls == 0
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 def test_model_left_as_it_came_when_interrupted() -> None:
@@ -271,7 +320,6 @@ def test_norms_written_out_hold_their_std_in_their_own_forward(norm: str, compos
     monkeypatch.setattr(gradient_form._NormFn, "apply", lambda *a: fns.append(1) or apply(*a))
     got, want, fast, _ = _both(model, x, composite, _LAST["llama"], **kw)
     assert fns == []  # the held std is the rule: no Function of its own on any normalisation
-    assert fast._gradient_form
     big = float(want.abs().max())
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * big)  # float64 rounding, as above
     assert big > 0
@@ -304,7 +352,6 @@ def test_sqrt_outside_a_norm_is_its_plain_gradient() -> None:
     model = SqrtModel()
     x = torch.randn(2, 4, dtype=torch.float64)
     lrp = hv.LRP(model, composite_of("attn-lrp", epsilon=0.0, stabilizer=0.0))
-    assert lrp._gradient_form
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = lrp.attribute(x, target=1)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from lrp_relevance_form import relevance_form_lrp
+from lrp_relevance_form.transformer_ops import TransformerOps
 from torch import Tensor, nn
 
 import hookviz as hv
 from hookviz.methods.lrp import composite as composite_of
-from hookviz.methods.lrp.transformer_ops import TransformerOps
 
 
 class SdpaBlock(nn.Module):
@@ -40,12 +41,14 @@ class SdpaBlock(nn.Module):
 def _run(
     model: nn.Module, composite: object, x: Tensor, relevance_form: bool = True
 ) -> tuple[Tensor, list[tuple[str, str, Tensor, Tensor]]]:
-    lrp = hv.LRP(model, composite)
-    if relevance_form:
-        lrp._gradient_form = False  # each rule its own Function carrying relevance (`propagate`)
-    r = lrp.attribute(x, target=1)
-    assert lrp.audit is not None
-    audit = [(e.name, e.rule, e.entered, e.left) for e in lrp.audit.entries]
+    if relevance_form:  # each rule its own Function carrying relevance (tests/lrp_relevance_form/)
+        r, found = relevance_form_lrp(model, composite, x, 1)
+    else:
+        lrp = hv.LRP(model, composite)
+        r = lrp.attribute(x, target=1)
+        assert lrp.audit is not None
+        found = lrp.audit
+    audit = [(e.name, e.rule, e.entered, e.left) for e in found.entries]
     return r, audit
 
 
@@ -128,7 +131,7 @@ def test_fused_attention_in_float32_without_epsilon_is_the_decomposed_calls_bit_
 def _kept_storages(scores: Tensor) -> dict[int, tuple[int, ...]]:
     """data pointer -> shape of every tensor the rules' autograd Functions keep (``ctx.call``) in the graph of
     `scores` (a `Recompute` keeps its source only)."""
-    from hookviz.methods.lrp.rulecall import Recompute
+    from lrp_relevance_form.rulecall import Recompute
 
     kept: dict[int, tuple[int, ...]] = {}
 
@@ -164,7 +167,7 @@ def test_rules_keep_no_probabilities_activations_or_norm_outputs(
     of a block's LayerNorm or GELU (computed again in the backward pass), but do keep the first MLP layer's outputs
     (the input the GELU is computed again from)."""
     timm = pytest.importorskip("timm")
-    import hookviz.methods.lrp.lrp as lrp_module
+    import lrp_relevance_form as relevance_form
 
     torch.manual_seed(0)
     model = timm.create_model(
@@ -179,17 +182,16 @@ def test_rules_keep_no_probabilities_activations_or_norm_outputs(
         elif name.endswith("mlp.fc1"):
             handles.append(m.register_forward_hook(lambda m, a, out: outputs["fc1"].append(out)))
     found: dict[int, tuple[int, ...]] = {}
-    grad = lrp_module.batched_grad
+    grad = relevance_form.batched_grad
 
     def spy(scores: Tensor, inputs: list[Tensor], **kw: object) -> list[Tensor]:
         found.update(_kept_storages(scores))
         return grad(scores, inputs, **kw)
 
-    monkeypatch.setattr(lrp_module, "batched_grad", spy)
     # the relevance form (each rule a Function whose ``ctx.call`` holds what it keeps)
-    monkeypatch.setattr(lrp_module, "gradient_form_allowed", lambda composite: False)
+    monkeypatch.setattr(relevance_form, "batched_grad", spy)
     x = torch.randn(2, 3, 32, 32)
-    r = hv.LRP(model, composite).attribute(x, target=1)
+    r, _ = relevance_form.relevance_form_lrp(model, composite, x, 1)
     for h in handles:
         h.remove()
     assert r.shape == x.shape and found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lrp_relevance_form import relevance_form_lrp
 from test_attnlrp import _LAST, _family
 from torch import nn
 
@@ -115,20 +116,18 @@ def test_lrp_maps_equal_those_without_it(family: str, composite: str, monkeypatc
 def test_the_relevance_form_takes_the_same_product(composite: str, monkeypatch) -> None:
     """Default stabilizers (the relevance form, each rule its own Function): the output layer's epsilon rule takes
     its product over the reached rows and columns; the map equals the one without."""
+    import lrp_relevance_form.propagate as propagate
+
     import hookviz.methods.lrp.output_rows as output_rows
-    import hookviz.methods.lrp.propagate as propagate
 
     model, ids, kw = _family("llama-sdpa")
     model = model.double()
     used = []
     real = output_rows.product
     monkeypatch.setattr(output_rows, "product", lambda *a: used.append(1) or real(*a))
-    lrp = hv.LRP(model, composite, **kw)
-    lrp._gradient_form = False  # the relevance form, each rule its own Function
-    got = lrp.attribute(ids, target=_LAST["llama"])
+    # the relevance form (tests/lrp_relevance_form/), each rule its own Function
+    got, _ = relevance_form_lrp(model, composite, ids, _LAST["llama"], **kw)
     assert used, "the output layer's product did not run"
     monkeypatch.setattr(propagate, "output_layer", lambda model: None)
-    ref = hv.LRP(model, composite, **kw)
-    ref._gradient_form = False
-    want = ref.attribute(ids, target=_LAST["llama"])
+    want, _ = relevance_form_lrp(model, composite, ids, _LAST["llama"], **kw)
     assert torch.equal(got, want)

@@ -6,10 +6,9 @@ is the LRP relevance of the paths that pass through those channels: the relevanc
 as usual, the other channels' share is set to zero, and the rest is propagated to the input with the same rules. With
 conditions at several layers the masks multiply, each applied where its layer is (paths through all of them).
 
-How, on this engine: every composite runs one backward pass of modified gradients. In gradient-times-input form
-(the CNN composites, AttnLRP / CP-LRP: `hookviz.methods.lrp.gradient_form`) the gradient at a tensor a is
-g = R / a and its relevance is a ⊙ g; in the relevance form (user rules of other kinds) the gradient is R itself.
-Either way the rules are linear in the incoming gradient, so conditioning is a 0/1 mask on it. The pass is split at
+How, on this engine: every composite runs one backward pass of modified gradients in gradient-times-input form
+(`hookviz.methods.lrp.gradient_form`): the gradient at a tensor a is g = R / a and its relevance is a ⊙ g. The
+rules are linear in the incoming gradient, so conditioning is a 0/1 mask on it. The pass is split at
 the conditioned layers: one backward from the score to the topmost conditioned layer (shared by every condition
 set that starts there), then per set the masked gradient is propagated from that layer only (`torch.autograd.grad`
 with the layer's output as the root), so relevance that bypasses the layer (a parallel branch, a skip connection)
@@ -37,7 +36,6 @@ from ...methods.layer import resolve_one_module
 from ...methods.lrp.composites import BATCH_NORMS, Composite
 from ...methods.lrp.gradient_form import GradientFormRun
 from ...methods.lrp.lrp import LRP
-from ...methods.lrp.propagate import LRPRun
 from ...methods.lrp.rules import ZBox, check_bound
 from ...targets import Targets, check_target, resolve_targets
 from .conditions import Condition, Heads, Site, check_channels, parse_conditions
@@ -195,18 +193,12 @@ class CRP(LRP):
         self.rule_coverage = None
         fwd = kwargs.get("forward_args") or ForwardArgs((), n)
         with self._prepared() as hooks:
-            gradient_form = self._gradient_form
-            run = (
-                GradientFormRun(self.model, self.composite, hooks, self.canonize, n)
-                if gradient_form
-                else LRPRun(self.model, self.composite, hooks, self.canonize)
-            )
+            run = GradientFormRun(self.model, self.composite, hooks, self.canonize, n)
             taps = _Taps(sites, fold=self.canonize)
             try:
                 with run.forward_pass():
                     leaf = x.detach().requires_grad_(True)
-                    if isinstance(run, GradientFormRun):
-                        run.set_leaf(leaf)
+                    run.set_leaf(leaf)
                     taps.place(self.model, hooks)  # after the engine's hooks: they see the outputs it hands on
                     output = fwd(self.model, (leaf,))
             finally:
@@ -217,10 +209,7 @@ class CRP(LRP):
             if targets.multi:
                 raise ValueError("CRP takes one target per input (an int, N ints, None or a callable), not (N, K)")
             del output
-            sink = run.sink if isinstance(run, GradientFormRun) else None
-            seed = targets.scores if gradient_form else targets.scores * targets.scores.detach()
-            out = _propagate(seed.sum(), leaf, sink, sets, sites, tensors, taps.order, record, gradient_form,
-                             want_input)  # fmt: skip
+            out = _propagate(targets.scores.sum(), leaf, run.sink, sets, sites, tensors, taps.order, record, want_input)
         rel = out[0]
         if rel is not None and rel.dtype in (torch.float16, torch.bfloat16):
             rel = rel.float()
@@ -306,7 +295,6 @@ def _propagate(
     tensors: dict[str, Tensor],
     order: dict[str, int],
     record: list[str],
-    gradient_form: bool,
     want_input: bool,
 ) -> tuple[Tensor | None, dict[str, Tensor], dict[str, Tensor]]:
     """The K condition sets' backward passes over one forward graph (see the module docstring)."""
@@ -315,7 +303,7 @@ def _propagate(
         t = tensors[name].detach()
         if g is None:
             return torch.zeros_like(t)
-        return t * g if gradient_form else g
+        return t * g
 
     first: dict[str, Tensor] = {}  # gradient from the score at each set's topmost conditioned layer, shared
     entering: dict[str, Tensor] = {}
@@ -348,7 +336,7 @@ def _propagate(
         k = 0
         if want_input:
             g_leaf = grads[0] if grads[0] is not None else torch.zeros_like(leaf)
-            r = leaf.detach() * g_leaf if gradient_form else g_leaf
+            r = leaf.detach() * g_leaf
             k = 1
             if sink is not None:
                 if grads[1] is not None:

@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..rules.ops import bind_mha, bind_sdpa
-from .rulecall import NOT_HANDLED
+from ..rules.ops import bind_mha
+
+NOT_HANDLED = object()  # what `mha` returns for a call whose query, key and value depend on no input
 
 
 class TransformerOps(Protocol):
-    """What the decompositions here call on `transformer_ops.TransformerOps`, the table entries that run them (it
-    imports this module, so the functions name its methods rather than import the class)."""
+    """What the decompositions here call on the rules' operations they are given (`gradient_ops.GradientOps`, whose
+    table entries run them: named by their methods, not imported)."""
 
     @property
     def linear(self) -> Callable[[Tensor, Tensor, Tensor | None, str], Tensor]: ...
@@ -99,17 +100,6 @@ def attend(
     if dropout_p > 0:
         p = ops.tag(F.dropout(p, dropout_p))
     return ops.product(f"{what} p@v", p, v, "matmul"), p
-
-
-def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
-    a = bind_sdpa(args, kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
-    if not any(ops.depends(t) for t in (q, k, v)):
-        return NOT_HANDLED
-    out, _ = attend(
-        ops, ops._where("sdpa"), q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"]
-    )
-    return out
 
 
 class MHAHeads(NamedTuple):

@@ -8,9 +8,10 @@ and only elementwise activations (and BatchNorm's pass rule) need $$ g_x = g_y \
 is $$ x \odot g $$ (Achtibat et al., 2024, "AttnLRP", Sec. 3.4; the `lxt` package's efficient mode). Nothing keeps
 an output to divide by it and fused kernels stay fused, so the pass costs about what the gradient costs.
 
-`gradient_form_allowed` says whether a composite's rules are all of that kind; `GradientFormRun` is the rule table
-for one forward pass (products, softmax, fused attention, normalisations, activations), whose backward pass is then
-plain autograd. The maps equal the relevance form's with the same composite (tests/test_lrp_gradient_form.py).
+`check_gradient_form` raises for a composite with a rule of another kind; `GradientFormRun` is the rule table for one
+forward pass (products, softmax, fused attention, normalisations, activations), whose backward pass is then plain
+autograd. The maps equal those of the relevance form (each rule an autograd Function carrying R), kept as a test
+reference in tests/lrp_relevance_form/, with the same composite (tests/test_lrp_gradient_form.py).
 """
 
 from __future__ import annotations
@@ -45,8 +46,16 @@ from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
 from .stabilized_rows import stabilized_rows
 from .transformer import Attention, NormIdentity, Softmax, Uniform, module_kind, whole_module_rule
-from .transformer_ops import BADDBMM_FUNCTIONS, EINSUM_FUNCTIONS, MUL_FUNCTIONS, SOFTMAX_FUNCTIONS
 
+# -- the operations the transformer composites' rules intercept ----------------------------------------------------
+MUL_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.mul: "*", torch.mul: "torch.mul", Tensor.__rmul__: "*"}
+EINSUM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.einsum: "torch.einsum"}
+BADDBMM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.baddbmm: "torch.baddbmm", Tensor.baddbmm: "Tensor.baddbmm"}
+SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
+    F.softmax: "F.softmax",
+    torch.softmax: "torch.softmax",
+    Tensor.softmax: "Tensor.softmax",
+}
 # elementwise activations whose identity rule is not their own gradient (ReLU-like ones need no rule: y / x is
 # their derivative wherever x != 0)
 _ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -74,7 +83,7 @@ def _passes(func: Callable[..., Any]) -> bool:
     return neutral(func) or getattr(func, "__name__", None) in _EXACT_AS_GRADIENT
 
 
-_NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
+NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
 # the std of a normalisation written out (HF's RMSNorm: ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``):
 # inside a normalisation module its result is detached, so that the module's own gradient is the identity rule's
 _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -89,14 +98,44 @@ _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
 }
 
 
-def gradient_form_allowed(composite: Composite) -> bool:
-    """Whether every rule of `composite` has a gradient-times-input form here: the layer rules (`layers`), AttnLRP's
-    and CP-LRP's (their stabilizers as factors: `gradient_ops`); not a user's rule of another kind."""
+# the rule kinds a transformer composite may hold: those with a gradient-times-input form here (the layer rules,
+# `layers`; AttnLRP's and CP-LRP's, their stabilizers as factors: `gradient_ops`)
+GRADIENT_FORM_RULES = (LinearRule, NormIdentity, Norm, Pass, Gradient, Attention, Uniform, Softmax)
+
+
+def check_gradient_form(composite: Composite) -> None:
+    """`ValueError` naming the first rule of `composite` that has no gradient-times-input form (a user's rule of
+    another kind in a transformer composite), what it maps and the rule kinds expected; every rule of the other
+    composites has one (`layers`)."""
     if composite.transformer is None:
-        return True  # the layer rules of the other composites, every one of them (`layers`)
-    maps = (*composite.type_map, *composite.first_map, *composite.name_map, *composite.kind_map)
-    known = LinearRule | NormIdentity | Norm | Pass | Gradient | Attention | Uniform | Softmax
-    return all(isinstance(rule, known) for _, rule in maps) and isinstance(composite.sum_rule, Norm)
+        return
+    expected = "one of the kinds " + ", ".join(kind.__name__ for kind in GRADIENT_FORM_RULES)
+    maps = {"name_map": composite.name_map, "first_map": composite.first_map, "type_map": composite.type_map,
+            "kind_map": composite.kind_map}  # fmt: skip
+    for which, entries in maps.items():
+        for key, rule in entries:
+            if not isinstance(rule, GRADIENT_FORM_RULES):
+                _reject(composite, f"its {which} gives {_mapped(which, key)}", rule, expected)
+    if not isinstance(composite.sum_rule, Norm):
+        _reject(composite, "its sum_rule gives additions of branches", composite.sum_rule, "the kind Norm")
+
+
+def _reject(composite: Composite, where: str, rule: Rule, expected: str) -> None:
+    raise ValueError(
+        f"LRP composite {composite.name!r}: {where} the rule {rule.name!r} ({type(rule).__name__}), which has no "
+        f"gradient-times-input form, the one form LRP runs in; a transformer composite needs a rule of {expected} "
+        "there (or a subclass)"
+    )
+
+
+def _mapped(which: str, key: Any) -> str:
+    """What a composite's map entry applies to, in words: module types, a selector, a module kind."""
+    if which == "kind_map":
+        return f"modules of kind {key!r}"
+    types = key if isinstance(key, tuple) else (key,)
+    if all(isinstance(t, type) for t in types):
+        return " / ".join(t.__name__ for t in types)
+    return repr(key)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -369,7 +408,7 @@ class GradientFormRun:
             .functions(SOFTMAX_FUNCTIONS, owned("softmax", self._softmax))
             .functions({SDPA: "F.scaled_dot_product_attention"}, owned("attention", self._sdpa))
             .functions({MHA: "F.multi_head_attention_forward"}, owned("attention", self._mha))
-            .functions(_NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
+            .functions(NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
             .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
         )

@@ -130,6 +130,46 @@ def _name(func: Callable[..., Any]) -> str:
     return repr(func) if name is None else name
 
 
+def check_pass_shape(name: str, x: Tensor, output: Tensor) -> None:
+    """`ValueError` where the layer `name`, given the pass rule, maps `x` to an output of another shape."""
+    if output.shape != x.shape:
+        raise ValueError(
+            f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
+            f"{tuple(x.shape)} to {tuple(output.shape)}"
+        )
+
+
+def branches(func: Callable[..., Any], args: tuple, kwargs: dict, reach: InputReach) -> tuple[Tensor, Tensor] | None:
+    """(a, b) of an addition ``a + b`` that is a sum of two branches of the same shape, both depending on the input
+    (read from the graph: `InputReach`), without ``alpha``; None for other additions (a bias, a constant)."""
+    a = args[0] if args else kwargs.get("input")
+    b = args[1] if len(args) > 1 else kwargs.get("other")
+    alpha = kwargs.get("alpha", 1)
+    if func is Tensor.__radd__:
+        a, b = b, a
+    if not (
+        isinstance(a, Tensor)
+        and isinstance(b, Tensor)
+        and a.shape == b.shape
+        and reach.depends(a)
+        and reach.depends(b)
+        and alpha == 1
+        and len(args) <= 2
+    ):
+        return None
+    return a, b
+
+
+def affine_input(args: tuple, kwargs: dict, out: Any, reach: InputReach) -> Tensor | None:
+    """The input of an elementwise affine map by a constant (its output `out`): the one argument that depends on
+    the explained input, shaped like the output; None where there is none or more than one (a product: gating)."""
+    if isinstance(out, Tensor):
+        grads = [a for a in args if reach.depends(a)]
+        if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
+            return grads[0]
+    return None
+
+
 def _bias_view(bias: Tensor | None, module: nn.Module, z: Tensor) -> Tensor | None:
     """The layer's bias shaped to broadcast against its output `z` (channels second for a convolution, last for a
     linear layer), for the audit's relevance that left; None without one."""
@@ -265,7 +305,10 @@ class LayerRules:
             self.first_done = True
         return rule
 
-    def module_rule(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+    def applied(self, name: str, module: nn.Module, args: tuple, output: Any) -> tuple[Rule, Tensor] | Tensor | None:
+        """What a layer call gets: None where no rule applies (none mapped, `Gradient`, no tensor input that needs a
+        gradient or no tensor output), the folded layer's output for a BatchNorm folded into the layer before it
+        (`fold`), else (its rule, its input); `TypeError` for a rule for layers with weights on one without."""
         rule = self.rule_for(module)
         x = args[0] if args else None
         if (
@@ -280,9 +323,20 @@ class LayerRules:
             folded = self.fold(name, module, x, output)
             if folded is not None:
                 return folded
+        if isinstance(rule, LinearRule) and not hasattr(module, "weight"):
+            raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
+        return rule, x
+
+    def module_rule(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
+        found = self.applied(name, module, args, output)
+        if not isinstance(found, tuple):
+            return found
+        rule, x = found
+        return self.layer_rule(name, module, rule, x, output)
+
+    def layer_rule(self, name: str, module: nn.Module, rule: Rule, x: Tensor, output: Tensor) -> Tensor:
+        """The output of the layer call `name` with `rule` applied (`x`: its input)."""
         if isinstance(rule, LinearRule):
-            if not hasattr(module, "weight"):
-                raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
             if isinstance(rule, Epsilon):
                 return self.epsilon_layer(name, module, rule, x, output)
             return self.rule_layer(name, module, rule, x, output)
@@ -293,11 +347,7 @@ class LayerRules:
             site = Site(self.entry(name, rule), rule.stabilizer, output, lambda: module.forward(read()), self.n)
             return stabilized(output, site)
         if isinstance(rule, Pass):
-            if output.shape != x.shape:
-                raise ValueError(
-                    f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
-                    f"{tuple(x.shape)} to {tuple(output.shape)}"
-                )
+            check_pass_shape(name, x, output)
             if isinstance(module, HOMOGENEOUS_MODULES):
                 return output
             return IdentityRuleFn.apply(x, (output.detach(),), None)
@@ -347,9 +397,9 @@ class LayerRules:
             self.sink = torch.zeros_like(x, requires_grad=True)
         return self.sink
 
-    def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
-        """The output of `bn` as the output of the layer before it with `bn` folded in, if `x`, `bn`'s input, is
-        exactly that layer's output (and `bn` normalizes with running statistics); else None."""
+    def folds_into(self, bn: nn.Module, x: Tensor) -> Any:
+        """The layer call (`produced`) that `bn` folds into: the one whose output is exactly `x`, `bn`'s input, where
+        `bn` normalizes with running statistics; else None."""
         found = self.produced.get(id(x))
         if found is None or found[0] is not x or bn.training or bn.running_var is None:
             return None
@@ -357,7 +407,14 @@ class LayerRules:
             # a BatchNorm with a forward of its own (timm's BatchNormAct2d applies its activation inside): its output
             # is not the folded layer's, so it passes relevance, as zennit's rules treat a BatchNorm they do not merge
             return None
-        prev = found[1]
+        return found[1]
+
+    def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
+        """The output of `bn` as the output of the layer before it with `bn` folded in, if `x`, `bn`'s input, is
+        exactly that layer's output (and `bn` normalizes with running statistics); else None."""
+        prev: LayerCall | _Native | None = self.folds_into(bn, x)
+        if prev is None:
+            return None
         if isinstance(prev, LayerCall):
             call = LayerCall(prev.entry, prev.rule, prev.layer.folded(bn), prev.x, output, self.n)
             call.xversion, call.sink, call.graph_x = prev.xversion, prev.sink, prev.graph_x
@@ -387,21 +444,10 @@ class LayerRules:
         """A sum of two branches of the same shape (both depend on the input, read from the graph: `InputReach`)
         with the composite's sum rule (`Norm`: its stabilizer as a factor); other additions as called (a bias, a
         constant: its plain gradient)."""
-        a = args[0] if args else kwargs.get("input")
-        b = args[1] if len(args) > 1 else kwargs.get("other")
-        alpha = kwargs.get("alpha", 1)
-        if func is Tensor.__radd__:
-            a, b = b, a
-        if not (
-            isinstance(a, Tensor)
-            and isinstance(b, Tensor)
-            and a.shape == b.shape
-            and self.reach.depends(a)
-            and self.reach.depends(b)
-            and alpha == 1
-            and len(args) <= 2
-        ):
+        pair = branches(func, args, kwargs, self.reach)
+        if pair is None:
             return func(*args, **kwargs)
+        a, b = pair
         inplace = func is Tensor.add_
         rule = self.composite.sum_rule
         stabilizer = getattr(rule, "stabilizer", 0.0)
@@ -466,12 +512,10 @@ class LayerRules:
         engine reports it), the output as computed."""
         func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
         out = func(*args, **kwargs)
-        if isinstance(out, Tensor):
-            grads = [a for a in args if self.reach.depends(a)]
-            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                x = grads[0]
-                if func in _SCALINGS and (args[0] is x or func in (Tensor.mul, torch.mul)):
-                    return out
-                return IdentityRuleFn.apply(x, (out.detach(),), None)
+        x = affine_input(args, kwargs, out, self.reach)
+        if x is not None:
+            if func in _SCALINGS and (args[0] is x or func in (Tensor.mul, torch.mul)):
+                return out
+            return IdentityRuleFn.apply(x, (out.detach(),), None)
         engine_call.output = out
         return NotImplemented

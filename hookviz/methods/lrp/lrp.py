@@ -25,8 +25,7 @@ from .composites import (
     Composite,
     composite,
 )
-from .gradient_form import GradientFormRun, gradient_form_allowed
-from .propagate import LRPRun
+from .gradient_form import GradientFormRun, check_gradient_form
 from .rules import ZBox, check_bound
 from .transformer import module_kind
 
@@ -71,12 +70,12 @@ class LRP(Attribution):
     operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
     raises `ValueError` before any work.
 
-    Every named composite runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`): one backward pass
-    of modified gradients carrying relevance over activation, the input times its gradient, each stabilizer a factor
+    LRP runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`): one backward pass of modified
+    gradients carrying relevance over activation, the input times its gradient, each stabilizer a factor
     z / stab(z) on the gradient (`gradient_ops`); a transformer composite with zero stabilizers (``composite(
     "attn-lrp", epsilon=0, stabilizer=0)``: the unstabilised rules that `lxt` applies) is then one plain backward
-    pass and its audit holds the totals only (no per-layer entries). A composite with rules of another kind runs in
-    the relevance form (`propagate`: each rule an autograd Function carrying R).
+    pass and its audit holds the totals only (no per-layer entries). Every named composite runs in it; a transformer
+    composite holding a rule of a kind that has no such form raises `ValueError` naming it before any work.
 
     Example::
 
@@ -118,6 +117,7 @@ class LRP(Attribution):
             raise TypeError(f"composite must be a composite name or a Composite, got {type(composite).__name__}")
         if linear_gamma is not None and not isinstance(composite, str):
             raise ValueError("linear_gamma applies to a named transformer composite; a Composite carries its own rules")
+        check_gradient_form(comp)  # a rule without a gradient-times-input form fails here, before any work
         comp.resolve_names(model)  # selectors that match nothing fail here
         if comp.transformer is not None:
             _check_visible(model, comp)
@@ -127,8 +127,6 @@ class LRP(Attribution):
         self._tap = None if layer is None else LayerTap(model, layer, layer_input=layer_input)
         self.composite = comp
         self.canonize = canonize
-        # every rule the gradient-times-input form carries (`gradient_form`): one backward pass of modified gradients
-        self._gradient_form = gradient_form_allowed(comp)
         self.audit: RelevanceAudit | None = None
         self.rule_coverage: Coverage | None = None
 
@@ -160,19 +158,28 @@ class LRP(Attribution):
         return super()._explain(x, target, **kwargs)
 
     def _run(self, x: Tensor, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Tensor, Targets]:
-        # one backward pass in gradient-times-input form (`gradient_form`), else the relevance form (`propagate`)
-        run = (
-            GradientFormRun(self.model, self.composite, hooks, self.canonize, x.shape[0])
-            if self._gradient_form
-            else LRPRun(self.model, self.composite, hooks, self.canonize)
-        )
+        # one backward pass of modified gradients in gradient-times-input form (`gradient_form`)
+        run = GradientFormRun(self.model, self.composite, hooks, self.canonize, x.shape[0])
+        leaf, targets = self._forward(run, x, target, kwargs)
+        # a gradient of 1 at the score is relevance f_c(x) over activation f_c(x); relevance = input x gradient, plus
+        # what a first layer's rule handed to the input whole (`layer_fn`). K targets run K backward passes: the
+        # rules' custom backward functions do not batch under vmap.
+        sink = run.sink
+        grads = batched_grad(targets.scores, [leaf] if sink is None else [leaf, sink], strategy="loop")
+        relevance = leaf.detach().unsqueeze(1) * grads[0]
+        if sink is not None:
+            relevance = relevance + grads[1]
+        return self._audited(run, targets, relevance), targets
+
+    def _forward(self, run: GradientFormRun, x: Tensor, target: Any, kwargs: dict[str, Any]) -> tuple[Tensor, Targets]:
+        """The forward pass under `run`'s rules: (the tensor whose relevance is returned: the input as a leaf, or the
+        tapped layer's tensor; the targets); ``rule_coverage`` set also when the pass raises."""
         fwd = kwargs.get("forward_args") or ForwardArgs((), x.shape[0])
         try:
             with run.forward_pass():
                 if self._tap is None:
                     leaf = x.detach().requires_grad_(True)
-                    if isinstance(run, GradientFormRun):
-                        run.set_leaf(leaf)
+                    run.set_leaf(leaf)
                     output = fwd(self.model, (leaf,))
                 else:
                     with self._tap.capture() as taken:
@@ -180,28 +187,17 @@ class LRP(Attribution):
                     leaf = self._tap.one(taken)
         finally:
             self.rule_coverage = run.coverage
-        targets = resolve_targets(target, output, x.shape[0])
         # the output is not needed in the backward pass: a language model's logits (N, T, V) held through it take
         # as much memory again as the gradient at them, which the backward pass then allocates fresh
-        del output
-        scores = targets.scores
-        # K targets run K backward passes: the rules' custom backward functions do not batch under vmap.
-        if isinstance(run, GradientFormRun):
-            # a gradient of 1 at the score is relevance f_c(x) over activation f_c(x); relevance = input x gradient,
-            # plus what a first layer's rule handed to the input whole (`layer_fn`)
-            sink = run.sink
-            grads = batched_grad(scores, [leaf] if sink is None else [leaf, sink], strategy="loop")
-            relevance = leaf.detach().unsqueeze(1) * grads[0]
-            if sink is not None:
-                relevance = relevance + grads[1]
-        else:
-            # seeding each score with its own value makes the relevance start at f_c(x); the rules are linear in it
-            (relevance,) = batched_grad(scores * scores.detach(), [leaf], strategy="loop")
-        start = scores.detach().sum(1)
+        return leaf, resolve_targets(target, output, x.shape[0])
+
+    def _audited(self, run: GradientFormRun, targets: Targets, relevance: Tensor) -> Tensor:
+        """`relevance` (float32 where the model computes in half precision), with ``self.audit`` set from `run`'s
+        entries, the targets' scores and the relevance's totals."""
+        start = targets.scores.detach().sum(1)
         total = relevance.detach().flatten(2).sum(2).sum(1)
-        entries = list(run.entries)
-        self.audit = RelevanceAudit(start=start, total=total, entries=entries)
-        return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance, targets
+        self.audit = RelevanceAudit(start=start, total=total, entries=list(run.entries))
+        return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance
 
 
 def _named_composite(name: str, **kwargs: Any) -> Composite:

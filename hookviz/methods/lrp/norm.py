@@ -1,17 +1,13 @@
 r"""The identity rule on normalisations (AttnLRP, Achtibat et al., 2024, Sec. 3.3.2): LayerNorm / RMSNorm with
-1/std held constant is the linear map $$ y = A x + b $$; relevance goes through it by LRP-epsilon (`NormIdentity`)."""
+1/std held constant is the linear map $$ y = A x + b $$ (`NormMap`, found for a module by `norm_map`); in gradient
+form its transpose carries the gradient (`gradient_form`)."""
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
-
-from .rulecall import Recompute, RuleCall, _audit
-from .rules import stabilized_ratio
 
 
 def _eps_of(module: nn.Module, x: Tensor) -> float:
@@ -107,26 +103,3 @@ def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap
         "LayerNorm nor an RMSNorm of its last dimension (with its weight and bias), so the identity rule cannot be "
         "applied; give it a rule in the composite's name_map"
     )
-
-
-class _NormIdentityFn(torch.autograd.Function):
-    """Output: the normalisation's output (boxed, ``(y,)``); backward: `NormIdentity`."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, call: RuleCall, ybox: tuple[Tensor]) -> Tensor:
-        ctx.call = call
-        return ybox[0]  # boxed: not an input (handed on without a copy); the call computes it again where needed
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, r: Tensor) -> tuple[Tensor, None, None]:
-        call = ctx.call
-        nm: NormMap = call.extra
-        (x,) = call.inputs()
-        y = call.output(lambda: nm.forward(x))
-        if isinstance(call.z, Recompute):
-            call.z.release()  # every reader of y ran its backward before this one
-        s = stabilized_ratio(r, y, call.rule.epsilon)
-        r_in = (x * nm.transpose(s, nm.sigma(x))).to(x.dtype)
-        _audit(call, r, r_in)
-        return r_in, None, None

@@ -9,8 +9,9 @@ is taken over the rows and columns of g that hold a non-zero value: the same sum
 equal to the full product to float rounding (exactly where one column is non-zero). A NaN counts as non-zero;
 an infinite weight met by a zero gradient gives 0 here where the full product gives NaN.
 
-LRP-epsilon's stabilizer on this layer takes the same rows and columns (`stabilized_rows`); the
-relevance form takes the same product for the output layer's rule (`rules.Affine.rows`).
+LRP-epsilon's stabilizer on this layer takes the same rows and columns (`stabilized_rows`); a rule that takes
+the layer's vector-Jacobian product itself takes the same product (`rules.Affine.rows`: the relevance form, a test
+reference in tests/lrp_relevance_form/).
 On the CPU only: finding the rows reads g once (0.4 ms for 128 x 32,000), where on an accelerator the index of the
 rows would wait for the device."""
 

@@ -82,7 +82,7 @@ class Affine:
     conv: dict[str, Any] | None = None  # stride, padding, dilation, groups, transposed, output_padding
     # the output layer (`output_rows`): `vjp` over the rows and columns of g that hold a non-zero value
     rows: bool = False
-    # the input is known to be >= 0 (a ReLU's output, pooled or reshaped: `LRPRun.nonnegative`): the x- terms of the
+    # the input is known to be >= 0 (a ReLU's output, pooled or reshaped: `LayerRules.nonnegative`): the x- terms of the
     # sign-splitting rules are zero and skipped
     nonnegative: bool = False
 

@@ -61,7 +61,7 @@ class Site:
     factor shares, 1 elsewhere). `scale`: a per-channel factor for the gradient passed on (a BatchNorm folded into
     the layer before it: its input gets s g', the BatchNorm's own gradient). `finite`: z may hold infinities (a sum
     with an attention mask of -inf), where the relevance is 0: they are read as 0 (the factor 0, the audit's terms
-    0), as the relevance form's rules give masked logits none."""
+    0), as the relevance form's rules gave masked logits none."""
 
     __slots__ = ("entry", "epsilon", "z", "version", "again", "offset", "share", "scale", "n", "finite")
 

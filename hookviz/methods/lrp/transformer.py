@@ -22,10 +22,10 @@ Fused attention calls are decomposed during the call into the explicit form with
 (``F.scaled_dot_product_attention``: mask, causal, scale, GQA; ``F.multi_head_attention_forward``, which
 ``nn.MultiheadAttention`` calls when autograd is on): the user does not switch implementations.
 
-The rules' parts, one concept a file: `norm` (the identity rule on normalisations), `products` (the softmax and
-product rules' autograd Functions, whose backward *is* the rule), `attention` (fused attention decomposed),
-`transformer_ops` (the state of one pass and the entries it adds to LRP's rule table); this file: the rules as a
-composite names them, and which modules a transformer composite treats how.
+The rules' parts, one concept a file: `norm` (normalisations as linear maps, the std held), `products` (the
+products as the model computes them), `attention` (fused attention decomposed), `gradient_ops` and
+`gradient_attention` (the rules in gradient-times-input form), `gradient_form` (the state of one pass and LRP's rule
+table); this file: the rules as a composite names them, and which modules a transformer composite treats how.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ The methods on it: Guided Backprop and Deconvnet (``guided.py``: one ReLU rule, 
 ``activations="all"``, covered by the same rule under another name), DeepLift (``deeplift.py``: the rescale rule on
 nonlinearities, captum's max-pool rule), LRP with its composites (``lrp/``, below).
 
-LRP (``methods/lrp/propagate.py``: ``LRPRun.table``) is a table built per call from the composite:
+LRP (``methods/lrp/gradient_form.py``: ``GradientFormRun.table``, the layer rules from ``layers.py``) is a table
+built per call from the composite:
 
 - per-module rules resolved by a composite: one owning rule (``owns_call``) on the layers the composite handles,
   which resolves the LRP rule at each call (name map, then the first-layer map for the first convolution or linear
@@ -35,7 +36,8 @@ LRP (``methods/lrp/propagate.py``: ``LRPRun.table``) is a table built per call f
   modules under an entry with ``needs_input`` (run out of place);
 - BatchNorm folded into the preceding layer seen at run time: the linear layers' rule records, per call, its output
   tensor; the BatchNorm rule looks its input up there and returns the output of the folded layer's rule. The record
-  is dropped when the forward pass ends (``LRPRun.forward_pass`` wraps `RuleEngine.forward_pass` in ``try/finally``);
+  is dropped when the forward pass ends (``GradientFormRun.forward_pass`` wraps `RuleEngine.forward_pass` in
+  ``try/finally``);
 - branch additions ``a + b`` / ``a += b`` / ``torch.add`` / ``a.add_(b)``, functional activations, pooling and
   scaling by a constant: function entries whose owning rules compute the operation themselves (an addition that is
   not of two branches needing a gradient runs as called);

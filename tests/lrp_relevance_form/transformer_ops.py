@@ -1,6 +1,6 @@
-"""`TransformerOps`: the AttnLRP / CP-LRP rules during one LRP forward pass, as entries of LRP's rule table: which
-functional calls they cover, what depends on the explained input, the gates CP-LRP holds, and the check that every
-attention module ran an attention the rules saw."""
+"""The relevance form's `TransformerOps`: the AttnLRP / CP-LRP rules during one LRP forward pass, as entries of
+LRP's rule table: which functional calls they cover, what depends on the explained input, the gates CP-LRP holds,
+and the check that every attention module ran an attention the rules saw."""
 
 from __future__ import annotations
 
@@ -14,29 +14,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..rules import MATMUL_FUNCTIONS, Call, RuleTable, spellings
-from ..rules import Rule as EngineRule
-from ..rules.reach import InputReach
-from .attention import MHA, SDPA, mha, sdpa
-from .attention_check import AttentionCheck
-from .audit import AuditEntry
-from .norm import NormMap, _NormIdentityFn
-from .products import _AttentionFn, _BroadcastSumFn, _product, _ProductFn, _SoftmaxFn, attention_probabilities
-from .rulecall import NOT_HANDLED, Kept, Recompute, RuleCall, _PassFn
-from .rules import Rule
-from .transformer import TransformerRules
+from hookviz.methods.lrp.attention import MHA, NOT_HANDLED, SDPA, attend, mha
+from hookviz.methods.lrp.attention_check import AttentionCheck
+from hookviz.methods.lrp.audit import AuditEntry
+from hookviz.methods.lrp.gradient_form import (
+    BADDBMM_FUNCTIONS,
+    EINSUM_FUNCTIONS,
+    MUL_FUNCTIONS,
+    NORM_FUNCTIONS,
+    SOFTMAX_FUNCTIONS,
+)
+from hookviz.methods.lrp.layers import ADD_FUNCTIONS
+from hookviz.methods.lrp.norm import NormMap
+from hookviz.methods.lrp.products import _product, attention_probabilities
+from hookviz.methods.lrp.rules import Rule
+from hookviz.methods.lrp.transformer import TransformerRules
+from hookviz.methods.rules import MATMUL_FUNCTIONS, Call, RuleTable, spellings
+from hookviz.methods.rules import Rule as EngineRule
+from hookviz.methods.rules.ops import bind_sdpa
+from hookviz.methods.rules.reach import InputReach
 
-# -- the operations a transformer composite intercepts ---------------------------------------------------------------
+from .norm import _NormIdentityFn
+from .products import _AttentionFn, _BroadcastSumFn, _ProductFn, _SoftmaxFn
+from .rulecall import Kept, Recompute, RuleCall, _PassFn
 
-MUL_FUNCTIONS: dict[Callable[..., Any], str] = {Tensor.mul: "*", torch.mul: "torch.mul", Tensor.__rmul__: "*"}
-EINSUM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.einsum: "torch.einsum"}
-BADDBMM_FUNCTIONS: dict[Callable[..., Any], str] = {torch.baddbmm: "torch.baddbmm", Tensor.baddbmm: "Tensor.baddbmm"}
-SOFTMAX_FUNCTIONS: dict[Callable[..., Any], str] = {
-    F.softmax: "F.softmax",
-    torch.softmax: "torch.softmax",
-    Tensor.softmax: "Tensor.softmax",
-}
-NORM_FUNCTIONS: dict[Callable[..., Any], str] = {F.layer_norm: "F.layer_norm", F.rms_norm: "F.rms_norm"}
 # in-place scaling by a constant (timm's LayerScale with inplace=True: x.mul_(gamma)): relevance unchanged
 SCALE_INPLACE: dict[Callable[..., Any], str] = {Tensor.mul_: "*=", Tensor.div_: "/="}
 NEGATIONS: dict[Callable[..., Any], str] = {torch.neg: "torch.neg", Tensor.neg: "-", Tensor.__neg__: "-"}
@@ -44,13 +45,6 @@ NEGATIONS: dict[Callable[..., Any], str] = {torch.neg: "torch.neg", Tensor.neg: 
 _SOURCES = {"embedding", "is_floating_point", "is_complex"}
 # the attention probabilities stay what they are through these (tags for CP-LRP follow them)
 _KEEPS_TAG = {"to", "type_as", "dropout", "contiguous", "float", "half", "double", "type", "clone", "detach"}
-
-ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
-    Tensor.add: "+",
-    torch.add: "torch.add",
-    Tensor.add_: "+=",
-    Tensor.__radd__: "+",
-}
 
 LinearCall = Callable[[Tensor, Tensor, "Tensor | None", str], Tensor]
 EntryCall = Callable[[str, Rule], AuditEntry]
@@ -379,6 +373,19 @@ class TransformerOps:
 def _signature(func: Callable[..., Any]) -> inspect.Signature:
     """`func`'s signature, read once (``F.layer_norm`` and ``F.rms_norm`` are bound on every call of a forward)."""
     return inspect.signature(func)
+
+
+def sdpa(ops: TransformerOps, args: tuple, kwargs: dict) -> Any:
+    """``F.scaled_dot_product_attention`` decomposed (`attention.attend`); `NOT_HANDLED` where q, k and v depend on
+    no input."""
+    a = bind_sdpa(args, kwargs)
+    q, k, v = a["query"], a["key"], a["value"]
+    if not any(ops.depends(t) for t in (q, k, v)):
+        return NOT_HANDLED
+    out, _ = attend(
+        ops, ops._where("sdpa"), q, k, v, a["attn_mask"], a["dropout_p"], a["is_causal"], a["scale"], a["enable_gqa"]
+    )
+    return out
 
 
 def _as_called(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -1,7 +1,7 @@
-"""`RuleCall`: one application of a transformer rule (AttnLRP / CP-LRP) in the forward pass, kept for its
-backward pass and the relevance audit; `Recompute`, a tensor a rule computes again instead of keeping it;
-`_PassFn`, the identity rule's autograd Function; `NOT_HANDLED`, what a transformer rule's handler returns for a
-call that is not its own."""
+"""The relevance form's `RuleCall`: one application of a transformer rule (AttnLRP / CP-LRP) in the forward pass,
+kept for its backward pass and the relevance audit; `Recompute`, a tensor a rule computes again instead of keeping
+it; `_PassFn`, the identity rule's autograd Function. A transformer rule's handler returns
+`hookviz.methods.lrp.attention.NOT_HANDLED` for a call that is not its own."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .audit import AuditEntry
-from .rules import Rule
-
-NOT_HANDLED = object()  # a transformer rule's handler: not this rule's call (LRP's other entries, or none, take it)
+from hookviz.methods.lrp.audit import AuditEntry
+from hookviz.methods.lrp.rules import Rule
 
 
 class Recompute:

@@ -1,5 +1,6 @@
-"""One LRP forward pass: the composite as a rule table on the engine (`hookviz.methods.rules`), canonization found
-at run time.
+"""The relevance form of LRP, kept as the test reference of the gradient form that hookviz runs
+(`hookviz.methods.lrp.gradient_form`): one LRP forward pass, the composite as a rule table on the engine
+(`hookviz.methods.rules`), canonization found at run time.
 
 How (one forward, one backward): the engine hands each layer call (and each functional call the table names) to a
 rule that replaces the output by the output of a small `torch.autograd.Function` that keeps the input (and, for
@@ -38,73 +39,32 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ...hooks import HookManager
-from ..guided import OTHER_ACTIVATION_FUNCTIONS, RELU_FUNCTIONS
-from ..rules import Call, Coverage, RuleEngine, RuleTable
-from ..rules import Rule as EngineRule
-from ..rules.reach import InputReach
-from .audit import AuditBook, AuditEntry
-from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LINEAR_LAYERS, Composite
-from .norm import norm_map
-from .output_rows import output_layer
-from .rulecall import Kept, Recompute, _PassFn, value
-from .rules import Affine, Gradient, LinearRule, Norm, Pass, Rule, stabilized_ratio
-from .transformer import NormIdentity, whole_module_rule
-from .transformer_ops import TransformerOps
+from hookviz.hooks import HookManager
+from hookviz.methods.lrp.audit import AuditBook, AuditEntry
+from hookviz.methods.lrp.composites import BATCH_NORMS, Composite
+from hookviz.methods.lrp.gradient_form import GradientFormRun
+from hookviz.methods.lrp.layers import (
+    ADD_FUNCTIONS,
+    AFFINE_FUNCTIONS,
+    NONNEGATIVE_FUNCTIONS,
+    POOL_FUNCTIONS,
+    LayerRules,
+    _name,
+    affine_input,
+    branches,
+    check_pass_shape,
+    uncovered,
+)
+from hookviz.methods.lrp.layers import INPLACE as _INPLACE
+from hookviz.methods.lrp.norm import norm_map
+from hookviz.methods.lrp.output_rows import output_layer
+from hookviz.methods.lrp.rules import Affine, LinearRule, Norm, Pass, Rule, stabilized_ratio
+from hookviz.methods.lrp.transformer import NormIdentity, whole_module_rule
+from hookviz.methods.rules import Call, Coverage, RuleEngine, RuleTable
+from hookviz.methods.rules.reach import InputReach
 
-ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
-    **RELU_FUNCTIONS,
-    **OTHER_ACTIVATION_FUNCTIONS,
-    torch.sigmoid: "torch.sigmoid",
-    Tensor.sigmoid: "Tensor.sigmoid",
-    torch.tanh: "torch.tanh",
-    Tensor.tanh: "Tensor.tanh",
-    F.elu: "F.elu",
-    F.softplus: "F.softplus",
-    F.mish: "F.mish",
-}
-_INPLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu, F.leaky_relu_: F.leaky_relu}
-# outputs >= 0 whatever the input (`LRPRun.nonnegative`), and modules whose output is >= 0 where their input is
-NONNEGATIVE_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus)
-NONNEGATIVE_FUNCTIONS = {*RELU_FUNCTIONS, F.relu6, torch.sigmoid, Tensor.sigmoid, F.softplus}
-SIGN_KEEPING_MODULES: tuple[type[nn.Module], ...] = (*AVG_POOLS, *GRADIENT_LAYERS)  # pools, dropout, reshaping
-CONCATENATIONS = {torch.cat: "torch.cat", torch.concat: "torch.concat", torch.concatenate: "torch.concatenate"}
-POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
-    F.avg_pool1d: "F.avg_pool1d",
-    F.avg_pool2d: "F.avg_pool2d",
-    F.avg_pool3d: "F.avg_pool3d",
-    F.adaptive_avg_pool1d: "F.adaptive_avg_pool1d",
-    F.adaptive_avg_pool2d: "F.adaptive_avg_pool2d",
-    F.adaptive_avg_pool3d: "F.adaptive_avg_pool3d",
-    torch.mean: "torch.mean",
-    Tensor.mean: "Tensor.mean",
-}
-ADD_FUNCTIONS: dict[Callable[..., Any], str] = {
-    Tensor.add: "+",
-    torch.add: "torch.add",
-    Tensor.add_: "+=",
-    Tensor.__radd__: "+",
-}
-# elementwise affine maps by a constant (input normalization inside a forward, scaling): relevance passes unchanged,
-# as through a folded BatchNorm; a product of two tensors that both need a gradient (gating) has no rule
-AFFINE_FUNCTIONS: dict[Callable[..., Any], str] = {
-    Tensor.sub: "-",
-    torch.sub: "torch.sub",
-    Tensor.div: "/",
-    torch.div: "torch.div",
-    Tensor.mul: "*",
-    torch.mul: "torch.mul",
-}
-# operations whose plain gradient is a correct relevance rule: reshaping, routing, selection, copies
-_NEUTRAL = {
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute", "transpose", "t", "contiguous",
-    "__getitem__", "cat", "concat", "concatenate", "stack", "squeeze", "unsqueeze", "split", "chunk", "unbind",
-    "expand", "expand_as", "clone", "to", "float", "double", "half", "type", "detach", "dropout", "max_pool1d",
-    "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
-    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "movedim", "narrow", "select", "roll",
-    "flip", "pad", "__get__", "size", "dim", "numel", "requires_grad_", "cpu", "cuda", "__setitem__", "copy_",
-    "identity", "repeat", "tile", "squeeze_", "unsqueeze_", "view_as_real", "index_select", "gather",
-}  # fmt: skip
+from .rulecall import Kept, Recompute, _PassFn, value
+from .transformer_ops import TransformerOps
 
 
 class _Call:
@@ -223,13 +183,22 @@ class _SumFn(torch.autograd.Function):
         return ra, rb, None
 
 
-def _name(func: Callable[..., Any]) -> str:
-    return getattr(func, "__name__", repr(func))
-
-
 class LRPRun:
     """One LRP forward pass: the composite as a `RuleTable` on the rule engine (`table`), the per-pass state its
-    rules share (first layer, folded BatchNorm, the transformer rules' gates) and the calls for the audit."""
+    rules share (first layer, folded BatchNorm, the transformer rules' gates) and the calls for the audit.
+
+    Which rule a layer call gets, what is known to be >= 0, which layer a BatchNorm folds into, the audit's entries
+    and the table's layer entries are the gradient form's (`hookviz.methods.lrp.layers.LayerRules`,
+    `GradientFormRun.entry`: their methods read the same attributes); the rules are this form's."""
+
+    rule_for = LayerRules.rule_for
+    applied = LayerRules.applied
+    module_rule = LayerRules.module_rule
+    folds_into = LayerRules.folds_into
+    entry = GradientFormRun.entry
+    mark_nonnegative = LayerRules.mark_nonnegative
+    nonnegative = LayerRules.nonnegative
+    concatenation = LayerRules.concatenation
 
     def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool) -> None:
         self.model = model
@@ -264,81 +233,25 @@ class LRPRun:
             )
         )
 
+    def set_leaf(self, leaf: Tensor) -> None:
+        """Nothing: the relevance form takes relevance at the input as its gradient (`LRP._forward` hands either
+        form's run the input leaf; the gradient form's rules need it)."""
+
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
         """The composite as engine entries: layers by name, type and kind (one rule object resolving the LRP rule
         per call: name map, first layer, type map); branch additions, functional activations, pooling and scaling
         by a constant; for transformer composites the products, softmax, normalisations and fused attention calls.
         Every other call on a tensor that needs a gradient (except reshaping and routing) is reported uncovered."""
-        handled = (*LINEAR_LAYERS, *ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
-
-        def activation_module(name: str, module: nn.Module) -> bool:
-            return module is not self.model and isinstance(module, ACTIVATIONS)
-
-        def selected(name: str, module: nn.Module) -> bool:
-            return module is not self.model and (
-                isinstance(module, handled) or module in self.named or self.hooked_kind(module)
-            )
-
-        def layer(call: Call) -> Any:
-            assert isinstance(call.op, nn.Module)
-            out = self.module_rule(call.name, call.op, call.args, call.output)
-            x = call.args[0] if call.args else None
-            if isinstance(call.op, NONNEGATIVE_MODULES) or (
-                isinstance(call.op, SIGN_KEEPING_MODULES) and isinstance(x, Tensor) and self.nonnegative(x)
-            ):
-                self.mark_nonnegative(call.output if out is None else out)
-            return out
-
-        # the rules of elementwise layers need their input intact: in-place activations run out of place
-        table = (
-            RuleTable(uncovered=_uncovered)
-            .modules(activation_module, EngineRule("layer", layer, needs_input=True, owns_call=True))
-            .modules(selected, EngineRule("layer", layer, owns_call=True))
-        )
-        if self.ops is not None:
+        table = RuleTable(uncovered=uncovered)
+        if self.ops is not None:  # before the layer rules' function entries: the first entry naming a callable wins
             self.ops.add_entries(table, self.add, self.affine)
-
-        def sum_rule(call: Call) -> Any:
-            return self.add(call.op, call.args, call.kwargs)
-
-        def pool(call: Call) -> Any:
-            return self.pool(call.op, call.args, call.kwargs)
-
-        return (
-            table.functions(ADD_FUNCTIONS, EngineRule("sum", sum_rule, owns_call=True))
-            .functions(ACTIVATION_FUNCTIONS, EngineRule("pass", self.activation, owns_call=True))
-            .functions(POOL_FUNCTIONS, EngineRule("norm", pool, owns_call=True))
-            .functions(AFFINE_FUNCTIONS, EngineRule("affine", self.affine, owns_call=True))
-            .functions(CONCATENATIONS, EngineRule("signs", self.concatenation, owns_call=True))
-        )
+        return LayerRules.add_entries(self, table, self.hooked_kind)  # type: ignore[arg-type]
 
     def hooked_kind(self, module: nn.Module) -> bool:
         """Transformer composites also hook normalisations, transformers' Conv1D and activation modules (the
         operations inside them are then not seen one by one)."""
         return self.ops is not None and whole_module_rule(module)
-
-    def mark_nonnegative(self, t: Any) -> None:
-        """Note that the tensor `t` holds no negative value (a ReLU's output, a pooling of one)."""
-        if isinstance(t, Tensor):
-            self.signs[id(t)] = (weakref.ref(t), t._version)
-
-    def nonnegative(self, t: Tensor) -> bool:
-        """Whether `t` (or the tensor it is a view of: a flattened pooling) is known to hold no negative value, as
-        the forward pass computed it (unchanged in place since), so that a sign-splitting rule skips its x- terms
-        without reading the values (`rules._split`)."""
-        for u in (t, t._base):
-            found = None if u is None else self.signs.get(id(u))
-            if found is not None and found[0]() is u and u._version == found[1]:
-                return True
-        return False
-
-    def entry(self, name: str, rule: Rule) -> AuditEntry:
-        self.counts[name] += 1
-        k = self.counts[name]
-        e = AuditEntry(name if k == 1 else f"{name}#{k}", rule.name, book=self.book, row=len(self.entries))
-        self.entries.append(e)
-        return e
 
     def keep(self, t: Tensor) -> Kept:
         """What a rule keeps of the tensor `t` it read for its backward pass: for an activation's or a
@@ -360,33 +273,9 @@ class LRPRun:
             self.recipes[id(out)] = (weakref.ref(out), again, out._version)
         return out
 
-    def rule_for(self, module: nn.Module) -> Rule | None:
-        rule = self.named.get(module)
-        is_linear = isinstance(module, LINEAR_LAYERS)
-        if rule is None:
-            rule = self.composite.by_type(module, first=is_linear and not self.first_done)
-        if is_linear:
-            self.first_done = True
-        return rule
-
-    def module_rule(self, name: str, module: nn.Module, args: tuple, output: Any) -> Any:
-        rule = self.rule_for(module)
-        x = args[0] if args else None
-        if (
-            rule is None
-            or isinstance(rule, Gradient)
-            or not isinstance(x, Tensor)
-            or not isinstance(output, Tensor)
-            or not x.requires_grad
-        ):
-            return None
-        if isinstance(module, BATCH_NORMS) and self.canonize:
-            folded = self.fold(name, module, x, output)
-            if folded is not None:
-                return folded
+    def layer_rule(self, name: str, module: nn.Module, rule: Rule, x: Tensor, output: Tensor) -> Tensor:
+        """The output of the layer call `name` with `rule` applied (`x`: its input), the rule an autograd Function."""
         if isinstance(rule, LinearRule):
-            if not hasattr(module, "weight"):
-                raise TypeError(f"LRP: rule {rule.name!r} needs a layer with weights, but {name!r} has none")
             call = _Call(self.entry(name, rule), rule, self.keep(x), output.detach() if rule.needs_output else None)
             call.layer = Affine.of(module)
             call.layer.rows = module is self.out_layer
@@ -401,11 +290,7 @@ class LRPRun:
             call.fn = module.forward  # no hooks in the backward pass
             return _NormFn.apply(x, (output.detach(),), call)
         if isinstance(rule, Pass):
-            if output.shape != x.shape:
-                raise ValueError(
-                    f"LRP: the pass rule needs a layer whose output is shaped like its input, but {name!r} maps "
-                    f"{tuple(x.shape)} to {tuple(output.shape)}"
-                )
+            check_pass_shape(name, x, output)
             out = _PassFn.apply(x, (output.detach(),))
             if self.ops is None:
                 return out
@@ -421,14 +306,9 @@ class LRPRun:
     def fold(self, name: str, bn: nn.Module, x: Tensor, output: Tensor) -> Tensor | None:
         """The output of `bn` as the output of the preceding linear layer with `bn` folded in, if `x` is exactly
         that layer's output (and `bn` normalizes with running statistics); else None."""
-        found = self.produced.get(id(x))
-        if found is None or found[0] is not x or bn.training or bn.running_var is None:
+        prev = self.folds_into(bn, x)
+        if prev is None:
             return None
-        if type(bn).forward is not nn.modules.batchnorm._BatchNorm.forward:
-            # a BatchNorm with a forward of its own (timm's BatchNormAct2d applies its activation inside): its output
-            # is not the folded layer's, so it passes relevance, as zennit's rules treat a BatchNorm they do not merge
-            return None
-        prev = found[1]
         call = _Call(prev.entry, prev.rule, prev.x, output.detach() if prev.rule.needs_output else None)
         call.version = prev.version
         assert prev.layer is not None
@@ -459,24 +339,12 @@ class LRPRun:
         with the composite's sum rule (`Norm`); other additions as called (a bias, a constant: relevance passes to
         the input unchanged, as zennit's plain gradient does; transformer composites give constants the sum rule
         before this, as ``lxt`` does)."""
-        a = args[0] if args else kwargs.get("input")
-        b = args[1] if len(args) > 1 else kwargs.get("other")
-        alpha = kwargs.get("alpha", 1)
-        if func is Tensor.__radd__:
-            a, b = b, a
-        if not (
-            isinstance(a, Tensor)
-            and isinstance(b, Tensor)
-            and a.shape == b.shape
-            and self.reach.depends(a)
-            and self.reach.depends(b)
-            and alpha == 1
-            and len(args) <= 2
-        ):
+        pair = branches(func, args, kwargs, self.reach)
+        if pair is None:
             return func(*args, **kwargs)
+        a, b = pair
+        name, rule = ADD_FUNCTIONS[func], self.composite.sum_rule
         inplace = func is Tensor.add_
-        rule = self.composite.sum_rule
-        name = ADD_FUNCTIONS[func]
         call = _Call(self.entry(name, rule), rule, a.detach().clone() if inplace else self.keep(a), None)
         call.others = (self.keep(b),)
         call.z = (a.detach() + b.detach()).detach()
@@ -518,29 +386,17 @@ class LRPRun:
             self.mark_nonnegative(out)
         return out
 
-    def concatenation(self, engine_call: Call) -> Any:
-        """``torch.cat`` as called (its plain gradient routes relevance: `NotImplemented`, not reported), its output
-        known to be >= 0 where every part is (an inception block's branches)."""
-        out = engine_call.op(*engine_call.args, **engine_call.kwargs)
-        parts = engine_call.args[0] if engine_call.args else engine_call.kwargs.get("tensors", ())
-        if all(isinstance(t, Tensor) and self.nonnegative(t) for t in parts):
-            self.mark_nonnegative(out)
-        engine_call.output = out
-        return NotImplemented
-
     def affine(self, engine_call: Call) -> Any:
         """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``; a parameter is a constant,
         trainable or not): relevance passes unchanged; with two inputs that depend on the explained input (a
         product: gating) no rule covers it (`NotImplemented`, the engine reports it), the output as computed."""
         func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
         out = func(*args, **kwargs)
-        if isinstance(out, Tensor):
-            grads = [a for a in args if self.reach.depends(a)]
-            if len(grads) == 1 and grads[0].shape == out.shape and not kwargs.get("out"):
-                x = grads[0]
-                again = lambda t: func(*[t if a is x else a for a in args], **kwargs)  # noqa: E731
-                what = AFFINE_FUNCTIONS.get(func, _name(func))
-                return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, what)
+        x = affine_input(args, kwargs, out, self.reach)
+        if x is not None:
+            again = lambda t: func(*[t if a is x else a for a in args], **kwargs)  # noqa: E731
+            what = AFFINE_FUNCTIONS.get(func, _name(func))
+            return self.recompute(_PassFn.apply(x, (out.detach(),)), again, x, what)
         engine_call.output = out
         return NotImplemented
 
@@ -564,12 +420,3 @@ class LRPRun:
                 self.ops.clear()
             self.reach.clear()
             self.coverage = engine.coverage
-
-
-def _uncovered(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
-    """The name under which a call no rule covers is reported: every operation on a tensor that needs a gradient,
-    except those whose plain gradient is a correct relevance rule (reshaping, routing, selection, copies)."""
-    name = _name(func)
-    if name in _NEUTRAL or not any(isinstance(a, Tensor) and a.requires_grad for a in args):
-        return None
-    return name
