@@ -36,7 +36,6 @@ from ...methods.layer import resolve_one_module
 from ...methods.lrp.composites import BATCH_NORMS, Composite
 from ...methods.lrp.gradient_form import GradientFormRun
 from ...methods.lrp.lrp import LRP
-from ...methods.lrp.rules import ZBox, check_bound
 from ...targets import Targets, check_target, resolve_targets
 from .conditions import Condition, Heads, Site, check_channels, parse_conditions
 from .graph import Children, children
@@ -185,10 +184,7 @@ class CRP(LRP):
         x, kwargs, _ = self._call_args(inputs, additional_forward_args, forward_kwargs)
         n = x.shape[0]
         spec = check_target(target, n)
-        for _, rule in (*self.composite.first_map, *self.composite.type_map, *self.composite.name_map):
-            if isinstance(rule, ZBox):
-                check_bound(rule.low, x.shape, "low")
-                check_bound(rule.high, x.shape, "high")
+        self.composite.check_bounds(x.shape)
         self.audit = None
         self.rule_coverage = None
         fwd = kwargs.get("forward_args") or ForwardArgs((), n)

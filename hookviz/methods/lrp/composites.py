@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from ...hooks import Selector, select_modules
 from ..rules import MAX_POOL_MODULES
-from .rules import AlphaBeta, Epsilon, Flat, Gamma, Gradient, Norm, Pass, Rule, ZBox, ZPlus
+from .rules import AlphaBeta, Epsilon, Flat, Gamma, Gradient, Norm, Pass, Rule, ZBox, ZPlus, check_bound
 from .transformer import Attention, NormIdentity, Softmax, TransformerRules, Uniform, module_kind
 
 CONVOLUTIONS: tuple[type[nn.Module], ...] = (
@@ -160,6 +160,14 @@ class Composite:
                 if k == kind:
                     return rule
         return None
+
+    def check_bounds(self, shape: tuple[int, ...]) -> None:
+        """`ValueError` where a z^B rule's bounds (`ZBox` low / high) do not broadcast to an input of `shape`, before
+        any work (LRP's and CRP's calls)."""
+        for _, rule in (*self.first_map, *self.type_map, *self.name_map):
+            if isinstance(rule, ZBox):
+                check_bound(rule.low, shape, "low")
+                check_bound(rule.high, shape, "high")
 
     def linear_rule(self) -> Rule | None:
         """The rule of ``nn.Linear`` layers (``F.linear`` calls of transformer composites get it too)."""

@@ -26,7 +26,6 @@ from .composites import (
     composite,
 )
 from .gradient_form import GradientFormRun, check_gradient_form
-from .rules import ZBox, check_bound
 from .transformer import module_kind
 
 # Signed relevance: sum the channels, keep 0 at the middle of a diverging colour map.
@@ -149,10 +148,7 @@ class LRP(Attribution):
         return f"LRP ({self.composite.name})"
 
     def _explain(self, x: Tensor, target: Any, **kwargs: Any) -> tuple[Tensor, Targets]:
-        for _, rule in (*self.composite.first_map, *self.composite.type_map, *self.composite.name_map):
-            if isinstance(rule, ZBox):
-                check_bound(rule.low, x.shape, "low")
-                check_bound(rule.high, x.shape, "high")
+        self.composite.check_bounds(x.shape)
         self.audit = None
         self.rule_coverage = None
         return super()._explain(x, target, **kwargs)
