@@ -16,7 +16,6 @@ reference in tests/lrp_relevance_form/, with the same composite (tests/test_lrp_
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -77,7 +76,6 @@ _EXACT_AS_GRADIENT = {"embedding", "is_floating_point", "is_complex", "neg", "__
                       "type_as"}  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1024)
 def _passes(func: Callable[..., Any]) -> bool:
     """The transformer table's ``passes``: what `unruled` lets pass whatever the arguments."""
     return neutral(func) or getattr(func, "__name__", None) in _EXACT_AS_GRADIENT

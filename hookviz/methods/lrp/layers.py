@@ -26,7 +26,6 @@ the engine's one warning; their gradient is their plain gradient (in this form: 
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -117,10 +116,9 @@ def uncovered(func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None
     return name
 
 
-@functools.lru_cache(maxsize=1024)
 def neutral(func: Callable[..., Any]) -> bool:
     """Whether `uncovered` lets every call of `func` pass whatever its arguments (its plain gradient is its rule):
-    the rule table's ``passes``."""
+    the rule table's ``passes`` (which caches the answer per callable)."""
     return _name(func) in _NEUTRAL
 
 
