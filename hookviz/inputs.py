@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ._device import to_device
+from ._device import to_device, to_host
 
 __all__ = [
     "check_channels",
@@ -108,12 +111,17 @@ _SUMMED = {
 }
 
 
+# the finiteness sums queued by `check_finite` inside `finite_checks_deferred`, per thread: (tensor, name, its sum)
+_DEFERRED = threading.local()
+
+
 def check_finite(t: Tensor, name: str) -> None:
     """Raise ValueError if `t` holds NaN or +-Inf, naming `name` and how many: they give meaningless maps silently.
 
     Costs one reduction and one device sync per call (not per sample): the sum, which is finite only if every value
     is (NaN and Inf propagate through it); the exact count only where it is not (a bad value, or a sum that
-    overflowed).
+    overflowed). Inside `finite_checks_deferred` the sum is queued instead, and read with the others (and whatever
+    else the caller needs from the device before its work) by `read_deferred`: one wait for all of them.
     """
     if not (t.is_floating_point() or t.is_complex()):
         return
@@ -121,8 +129,46 @@ def check_finite(t: Tensor, name: str) -> None:
         # one pass, accumulated in float32 at least (a float16 batch's sum would overflow at 65504), instead of the
         # six elementwise operations of isfinite and the count
         total = t.detach().sum(dtype=_SUMMED[t.dtype])
+        queue: list[tuple[Tensor, str, Tensor]] | None = getattr(_DEFERRED, "queue", None)
+        if queue is not None:
+            queue.append((t, name, total))
+            return
         if math.isfinite(float(total)):
             return
+    _raise_if_not_finite(t, name)
+
+
+@contextmanager
+def finite_checks_deferred() -> Iterator[None]:
+    """`check_finite` calls in the block (this thread) queue their sums instead of reading each; `read_deferred`
+    reads them, before the caller's work, in one wait with the values it adds. A method that needs values from the
+    device before its work (KernelShap's varying groups) so waits once per call, not twice. The queue goes at the
+    end of the block whatever happens; an inner block keeps the outer one's queue."""
+    if getattr(_DEFERRED, "queue", None) is not None:
+        yield
+        return
+    _DEFERRED.queue = []
+    try:
+        yield
+    finally:
+        _DEFERRED.queue = None
+
+
+def read_deferred(extra: list[Tensor]) -> list[Tensor]:
+    """The queued finiteness sums and `extra` read in one wait (`to_host`); `ValueError` for the first queued tensor
+    that is not finite (as `check_finite` raises it); `extra` returned on the host. Later checks read at once."""
+    queue: list[tuple[Tensor, str, Tensor]] = getattr(_DEFERRED, "queue", None) or []
+    _DEFERRED.queue = None
+    values = to_host([total for _, _, total in queue] + extra)
+    for (t, name, _), total in zip(queue, values, strict=False):
+        if not math.isfinite(float(total)):
+            _raise_if_not_finite(t, name)
+    return values[len(queue) :]
+
+
+def _raise_if_not_finite(t: Tensor, name: str) -> None:
+    """`check_finite`'s error, with the exact count, where `t` holds a non-finite value (its sum may also just have
+    overflowed: then nothing is raised)."""
     bad = int((~torch.isfinite(t)).sum())
     if bad:
         raise ValueError(

@@ -180,10 +180,6 @@ BUDGET |= {c: 2 for c in CASES if "cam" in c and "on the host" not in c}
 # Integrated Gradients: the completeness warning reads the sums after the work; where it fires (the ViT at 2 steps)
 # its message reads 4 values more
 BUDGET |= {"resnet18 integrated-gradients": 2, "vit integrated-gradients": 6}
-# KernelShap: shap's skip of the groups that do not vary (`coalitions.varying_groups`) reads which groups of each input
-# differ from the baselines, an (N, M) bool, before the forward passes: each input's coalitions depend on it (1 with
-# varying_only=False)
-BUDGET |= {c: 2 for c in CASES if c.endswith(" kernel-shap")}
 
 
 def count(case: str) -> HostReads:

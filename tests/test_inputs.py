@@ -8,7 +8,14 @@ from torch import nn
 from torchvision.transforms._presets import ImageClassification
 
 from hookviz.images import IMAGENET, PRESETS, Batch, Preset, load_images
-from hookviz.inputs import check_channels, expected_channels, model_device
+from hookviz.inputs import (
+    check_channels,
+    check_finite,
+    expected_channels,
+    finite_checks_deferred,
+    model_device,
+    read_deferred,
+)
 
 MEAN = (0.5, 0.25, 0.125)
 STD = (0.5, 0.25, 0.5)
@@ -616,3 +623,37 @@ def test_check_channels_on_a_loaded_batch(rgb_array: np.ndarray) -> None:
     batch = load_images(rgb_array[..., 0], preprocess=SMALL)
     check_channels(net, batch.tensor)
     assert net(batch.tensor).shape == (1, 8, 28, 28)
+
+
+def test_finite_checks_deferred_read_once_with_the_callers_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside `finite_checks_deferred` the checks queue their sums; `read_deferred` reads them with the caller's
+    tensors in one `to_host`, raises for the first non-finite tensor by name and count, and returns the caller's
+    values; outside the block (and after the read) `check_finite` raises at once."""
+    good, bad = torch.ones(2, 3), torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]])
+    extra = torch.tensor([[1, 0], [0, 1]], dtype=torch.uint8)
+    calls: list[int] = []
+    import hookviz.inputs as inputs_module
+
+    real = inputs_module.to_host
+
+    def counting(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        calls.append(len(tensors))
+        return real(tensors)
+
+    monkeypatch.setattr(inputs_module, "to_host", counting)
+    with finite_checks_deferred():
+        check_finite(good, "a")
+        check_finite(good.double(), "b")
+        (out,) = read_deferred([extra])
+        assert torch.equal(out, extra) and calls == [3]  # two sums and the caller's tensor: one read
+        with pytest.raises(ValueError, match=r"c: found 1 non-finite"):
+            check_finite(bad[:1], "c")  # after the read: at once
+    with finite_checks_deferred():
+        check_finite(bad, "d")  # queued: nothing raised yet
+        check_finite(good, "e")
+        with pytest.raises(ValueError, match=r"d: found 2 non-finite value\(s\) \(NaN or Inf\) among 4"):
+            read_deferred([])
+    with finite_checks_deferred():
+        check_finite(bad, "f")  # the block ends without a read (the call raised): the queue goes with it
+    with pytest.raises(ValueError, match=r"g: found 2 non-finite"):
+        check_finite(bad, "g")

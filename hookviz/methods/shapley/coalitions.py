@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..._checks import int_option, is_int, is_number
-from ..._device import to_device, to_host
+from ..._device import to_device
 from ..._progress import progress_bar
 from ...hooks import HookManager
-from ...inputs import check_finite
+from ...inputs import check_finite, finite_checks_deferred, read_deferred
 from ...targets import TargetPlan, Targets, TargetSpec
 from ..batch import chunks, forward_scores, plan_rows
 from ..forward import ForwardArgs
@@ -171,11 +171,11 @@ def resolve_baselines(
 
 
 def varying_groups(xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor:
-    """The (N, M) bool on the host of the groups that vary for each input (shap's `KernelExplainer`
-    ``varying_groups``): a group varies when one of its elements differs from the baseline's, or, with a
-    `Background`, from that element of some background row. A group that does not vary changes no built input
-    whatever the coalition: its Shapley value is exactly 0. Exact equality (shap compares with ``np.allclose``). One
-    read of N x M values (on a GPU: one wait), before any forward pass."""
+    """The (N, M) uint8 on the inputs' device (1: varies), unread, of the groups that vary for each input (shap's
+    `KernelExplainer` ``varying_groups``): a group varies when one of its elements differs from the baseline's, or,
+    with a `Background`, from that element of some background row. A group that does not vary changes no built input
+    whatever the coalition: its Shapley value is exactly 0. Exact equality (shap compares with ``np.allclose``). The
+    caller reads it before any forward pass, with the finite checks (`hookviz.inputs.read_deferred`: one wait)."""
     n, dev = xs[0].shape[0], xs[0].device
     out = torch.zeros(n, m, dtype=torch.uint8, device=dev)
     for t, (x, g) in enumerate(zip(xs, masks, strict=True)):
@@ -189,7 +189,7 @@ def varying_groups(xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, re
             differs = x != base
         ids = to_device(g, dev).expand(n, *x.shape[1:]).reshape(n, -1)  # the host mask, copied without a wait
         out.scatter_reduce_(1, ids, differs.reshape(n, -1).to(torch.uint8), "amax")
-    return to_host([out])[0].bool()
+    return out
 
 
 class Coalitions:
@@ -390,10 +390,13 @@ class CoalitionAttribution(PerturbationAttribution):
     ) -> tuple[Tensor | tuple[Tensor, ...], Targets]:
         if baselines is not None:
             check_baselines(baselines)
-        x, kwargs, single = self._call_args(inputs, additional_forward_args, forward_kwargs)
-        kwargs["feature_mask"] = feature_mask
-        kwargs["baselines"] = baselines
-        attribution, targets = self._explain(x, target, **kwargs)
+        # the inputs' and baselines' finite checks are read in `_explain`, with what the method reads before its work
+        # (KernelShap's varying groups): one wait per call
+        with finite_checks_deferred():
+            x, kwargs, single = self._call_args(inputs, additional_forward_args, forward_kwargs)
+            kwargs["feature_mask"] = feature_mask
+            kwargs["baselines"] = baselines
+            attribution, targets = self._explain(x, target, **kwargs)
         return (attribution[0] if single and isinstance(attribution, tuple) else attribution), targets
 
     def _explain(self, x: Any, target: Any, **kwargs: Any) -> tuple[Any, Targets]:
@@ -417,8 +420,10 @@ class CoalitionAttribution(PerturbationAttribution):
                     f"to at least {row_bytes} bytes"
                 )
             rows = min(rows, self.max_memory // row_bytes)
-        # read here, before any forward pass, where the method needs it (KernelShap)
-        varying = self._varying(tuple(t.detach() for t in xs), masks, m, ref)
+        # read here, before any forward pass, with the finite checks queued so far (KernelShap's varying groups)
+        differs = self._varying(tuple(t.detach() for t in xs), masks, m, ref)
+        read = read_deferred([] if differs is None else [differs])
+        varying = read[0].bool() if read else None
         kwargs.update(groups=(masks, m), reference=ref, rows_per_pass=rows, generator=generator, varying=varying)
         return super()._explain(x, target, **kwargs)
 
@@ -429,7 +434,7 @@ class CoalitionAttribution(PerturbationAttribution):
         """Refuse batch sizes the method cannot handle (before any forward pass)."""
 
     def _varying(self, xs: tuple[Tensor, ...], masks: tuple[Tensor, ...], m: int, ref: Reference) -> Tensor | None:
-        """The groups that vary per input (`varying_groups`), where the method uses them; None: not needed."""
+        """The groups that vary per input (`varying_groups`, unread), where the method uses them; None: not needed."""
         return None
 
     def _run(self, x: Any, target: Any, hooks: HookManager, **kwargs: Any) -> tuple[Any, Targets]:

@@ -142,8 +142,9 @@ class KernelShap(CoalitionAttribution):
         n_samples: coalitions per input (besides the empty one), at most 2^M' - 2 are used; None: shap's default
             2 M' + 2048. Must exceed M (the regression's M - 1 unknowns need more coalitions than groups).
         paired: draw each random coalition with its complement (shap does).
-        varying_only: skip the groups that do not vary, as shap does (reads which groups vary: an (N, M) bool,
-            one host read before the forward passes); False: every group is regressed.
+        varying_only: skip the groups that do not vary, as shap does (which groups vary, an (N, M) bool, is read
+            before the forward passes in the call's one wait, with the finite checks); False: every group is
+            regressed.
         others: `CoalitionAttribution`.
 
     Cost: (n_samples + 1) x N (x B) rows forward, plus N (fewer where inputs have fewer varying groups).
