@@ -10,7 +10,10 @@ eval mode, parameters frozen, seed 0, one thread):
 - ``llama``: a 6-layer `LlamaForCausalLM` of hidden 48 (4 heads, intermediate 96, vocabulary 1000, "sdpa"), 32
   tokens, explained at ``embed_tokens`` for the next token's logit 1. Rows: hookviz ``attn-lrp`` and ``cp-lrp`` with
   their default stabilizers (1e-6) and with lxt's rules (``-eps0``: epsilon and stabilizer 0), lxt 2.1's AttnLRP and
-  CP-LRP (`bench_attnlrp.lxt_model`), the gradient floor.
+  CP-LRP (`bench_attnlrp.lxt_model`), the gradient floor, and the interception floor (`interception_floor`): the
+  gradient floor run under what any rule engine that explains the user's model unmodified must place for the call (a
+  ``TorchFunctionMode`` that passes every call on, a forward pre-hook and a forward hook on every module that do
+  nothing), the least such an engine can cost where lxt rewrites the model's code once and then adds nothing.
 - ``cnn``: two 3x3 convolutions (3 -> 8 -> 8 channels) with ReLUs, average pooling and a linear layer on 8x8 images.
   Rows: hookviz ``epsilon-plus-flat``, zennit's ``EpsilonPlusFlat`` (no canonizer needed), the floor.
 - ``resnet``: torchvision's resnet18 on 16x16 images (a real layer count, 60 layers, still little compute): hookviz
@@ -37,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_attnlrp as attn  # noqa: E402
@@ -72,6 +76,37 @@ def tiny_cnn() -> nn.Module:
     )
 
 
+class _PassOn(TorchFunctionMode):
+    """A function mode that passes every call on unchanged: the cost of seeing each call, nothing else."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def interception_floor(model: nn.Module, floor: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
+    """`floor` with the interception any run-time rule engine needs for one call: a pass-on function mode and a no-op
+    forward pre-hook and forward hook on every module, placed before the call and removed after it."""
+
+    def pre(module: nn.Module, args: Any) -> None:
+        return None
+
+    def post(module: nn.Module, args: Any, out: Any) -> None:
+        return None
+
+    def call(x: torch.Tensor) -> Any:
+        handles = []
+        for m in model.modules():
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        try:
+            with _PassOn():
+                return floor(x)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return call
+
+
 def _frozen(model: nn.Module) -> nn.Module:
     model.eval()
     for p in model.parameters():
@@ -83,6 +118,7 @@ def llama_rows(packages: dict[str, str]) -> tuple[nn.Module, torch.Tensor, dict[
     model = tiny_llama()
     x = torch.randint(1, 1000, (1, TOKENS), generator=torch.Generator().manual_seed(0))
     fns: dict[str, Callable[[torch.Tensor], Any]] = {"floor": attn.build("floor", "llama", model)}
+    fns["interception-floor"] = interception_floor(model, fns["floor"])
 
     def target(out: Any) -> torch.Tensor:
         return attn._score("llama", out)
