@@ -9,7 +9,8 @@ eval mode, parameters frozen, seed 0, one thread):
 
 - ``llama``: a 6-layer `LlamaForCausalLM` of hidden 48 (4 heads, intermediate 96, vocabulary 1000, "sdpa"), 32
   tokens, explained at ``embed_tokens`` for the next token's logit 1. Rows: hookviz ``attn-lrp`` and ``cp-lrp`` with
-  their default stabilizers (1e-6) and with lxt's rules (``-eps0``: epsilon and stabilizer 0), lxt 2.1's AttnLRP and
+  their default stabilizers (1e-6), with lxt's rules (``-eps0``: epsilon and stabilizer 0) and with the sums' stabilizer
+  alone (``-sums``: epsilon 0, stabilizer 1e-6: what turning the layer rules on costs), lxt 2.1's AttnLRP and
   CP-LRP (`bench_attnlrp.lxt_model`), the gradient floor, and the interception floor (`interception_floor`): the
   gradient floor run under what any rule engine that explains the user's model unmodified must place for the call (a
   ``TorchFunctionMode`` that passes every call on, a forward pre-hook and a forward hook on every module that do
@@ -127,7 +128,11 @@ def llama_rows(packages: dict[str, str]) -> tuple[nn.Module, torch.Tensor, dict[
         hv = importlib.import_module(package)
         composite = importlib.import_module(f"{package}.methods.lrp").composite
         for variant in ("attn-lrp", "cp-lrp"):
-            for suffix, comp in (("", variant), ("-eps0", composite(variant, epsilon=0.0, stabilizer=0.0))):
+            for suffix, comp in (
+                ("", variant),
+                ("-eps0", composite(variant, epsilon=0.0, stabilizer=0.0)),
+                ("-sums", composite(variant, epsilon=0.0, stabilizer=1e-6)),
+            ):
                 lrp = hv.LRP(model, comp, layer=attn.LAYER["llama"])
                 fns[f"{prefix}{variant}{suffix}"] = lambda x, lrp=lrp: lrp.attribute(x, target)
     for variant in ("attn-lrp", "cp-lrp"):
@@ -185,7 +190,7 @@ def main() -> None:
             times = time_rows(fns, x, args.repeats)
             peer = {"llama": "lxt-{}", "cnn": "zennit-{}", "resnet": "zennit-{}"}[name]
             for row, ts in times.items():
-                variant = row.removeprefix("base-").removesuffix("-eps0")
+                variant = row.removeprefix("base-").removesuffix("-eps0").removesuffix("-sums")
                 other = peer.format(variant)
                 paired = None
                 if row.startswith(("base-", "attn", "cp", "epsilon")) and other in times:
