@@ -76,6 +76,9 @@ def test_default_stabilizers_equal_the_relevance_form_on_every_family(family: st
     torch.testing.assert_close(fast.audit.total, slow.total, rtol=0, atol=tol * big * per_input)
     rules = {e.rule for e in fast.audit.entries}
     assert {"epsilon", "uniform", "identity-norm"} <= rules and ("softmax" in rules) == (composite == "attn-lrp")
+    # only the calls the backward pass reached, each with its sums (a mean only a held std reads, as in Hugging Face's
+    # RMSNorm, takes a rule in the forward pass and no relevance: it is not listed)
+    assert all(e.entered is not None and e.left is not None for e in fast.audit.entries)
 
 
 def _bias_kv_block() -> nn.Module:

@@ -192,7 +192,9 @@ class LRP(Attribution):
         entries, the targets' scores and the relevance's totals."""
         start = targets.scores.detach().sum(1)
         total = relevance.detach().flatten(2).sum(2).sum(1)
-        self.audit = RelevanceAudit(start=start, total=total, entries=list(run.entries))
+        # the layer calls the backward pass reached (a mean that only a held std reads is never reached)
+        reached = [e for e in run.entries if e.entered is not None]
+        self.audit = RelevanceAudit(start=start, total=total, entries=reached)
         return relevance.float() if relevance.dtype in (torch.float16, torch.bfloat16) else relevance
 
 
