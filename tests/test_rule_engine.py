@@ -422,3 +422,28 @@ def test_a_module_rule_with_enter_leaves_the_calls_inside_to_the_table() -> None
     assert seen == ["enter Block", "torch.tanh", "block", "torch.tanh"]
     assert engine.coverage.covered == {"spy": {"torch.tanh": 2}, "open": {"block": 1}}
     assert engine.depth == 0
+
+
+def test_an_open_module_rule_with_inside_lets_only_those_calls_take_their_entries() -> None:
+    """`Rule.inside`: while the open module runs, only the callables it names take their table entries (the tanh);
+    its other calls (the product by 2) run as called and are not counted, as inside any watched module; outside it
+    the same callables take their entries again (the outer product), and the stack of open modules ends empty."""
+
+    seen: list[str] = []
+    spy = Rule("spy", lambda call: seen.append(call.name))
+    inside = {torch.tanh}.__contains__
+    opened = Rule("open", lambda call: seen.append(call.name), enter=lambda m: seen.append("enter"), inside=inside)
+    table = RuleTable().modules(Block, opened).functions({torch.tanh: "torch.tanh", Tensor.mul: "*"}, spy)
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.block(x) * 3
+
+    _, engine = _grad(Scaled(), table, torch.randn(2, 3))
+    assert seen == ["enter", "torch.tanh", "block", "*"]
+    assert engine.coverage.covered == {"spy": {"torch.tanh": 1, "*": 1}, "open": {"block": 1}}
+    assert engine._open == [] and engine.depth == 0

@@ -96,6 +96,13 @@ _STD_FUNCTIONS: dict[Callable[..., Any], str] = {
 }
 
 
+def _held(func: Callable[..., Any]) -> bool:
+    """Which calls inside a normalisation module take a rule: its std (held constant) or a fused normalisation (its
+    own rule); the module's other calls are their plain gradient, the identity rule on the whole module applied at
+    its output (a centring mean, a bias added: no sum rule of their own)."""
+    return func in _STD_FUNCTIONS or func in NORM_FUNCTIONS
+
+
 # the rule kinds a transformer composite may hold: those with a gradient-times-input form here (the layer rules,
 # `layers`; AttnLRP's and CP-LRP's, their stabilizers as factors: `gradient_ops`)
 GRADIENT_FORM_RULES = (LinearRule, NormIdentity, Norm, Pass, Gradient, Attention, Uniform, Softmax)
@@ -397,7 +404,7 @@ class GradientFormRun:
         table = (
             RuleTable(uncovered=unruled if active else None, passes=_passes)
             .modules(is_output, owned("linear (output rows)", output_rows))
-            .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm))
+            .modules(is_norm, EngineRule("identity-norm", open_norm, owns_call=True, enter=enter_norm, inside=_held))
             .modules(is_pass, EngineRule("identity", passes, needs_input=True, owns_call=True))
             .functions(MATMUL_FUNCTIONS, owned("product", self._product))
             .functions(MUL_FUNCTIONS, owned("product", self._product))

@@ -79,6 +79,7 @@ class RuleEngine:
         self._recorder = Recorder()
         self._mode: _Interceptor | None = None  # the function mode, while the forward pass runs
         self._popped: list[bool] = []  # per running watched module: whether its call took the mode off the stack
+        self._open: list[Rule] = []  # the rules of the open modules running now (`Rule.enter`), innermost last
 
     def acting(self) -> bool:
         """Whether the engine's module hooks act now: inside its forward pass and its own call (hooked modules inside
@@ -108,6 +109,7 @@ class RuleEngine:
             self._in_forward = False
             self._mode = None
             self.depth = 0
+            self._open.clear()
             for handle in self._handles:
                 handle.remove()  # idempotent: the HookManager removes them again at the end of the call
             self._handles.clear()
@@ -167,9 +169,14 @@ class RuleEngine:
                 rule = self._rules[id(module)]
                 assert rule is not None and rule.enter is not None
                 rule.enter(module)
+                self._open.append(rule)
 
         def leave(name: str, module: nn.Module, args: tuple, output: Any) -> Any:
-            return self._module_call(name, module, args, output) if self.acting() else None
+            if not self.acting():
+                return None
+            if self._open:  # its own call is the open module's rule's, outside it (also when the forward raised)
+                self._open.pop()
+            return self._module_call(name, module, args, output)
 
         selection = Selection(modules)
         self._handles += self.hooks.forward_pre(selection, enter)
@@ -224,6 +231,10 @@ class RuleEngine:
     def _function_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self.depth > 0 or not acting(self.call):
             return func(*args, **kwargs)
+        if self._open:
+            inside = self._open[-1].inside
+            if inside is not None and not inside(func):  # covered whole by the open module's rule
+                return func(*args, **kwargs)
         entry = self.table.function_entry(func)
         if entry is None:
             return self._unnamed(func, args, kwargs)

@@ -50,6 +50,10 @@ class Rule:
             calls inside it are then intercepted as usual instead of passing untouched (the rule's table entries
             for functions can act on them: LRP holds a normalisation's std constant inside the module's own
             computation). `apply` still receives the call when it ends.
+        inside: module rules with `enter` only: ``(func) -> bool``, the functional callables whose entries act on
+            the calls made while the module runs; the others run as called, unreported, as inside any watched
+            module (the module's rule covers it whole: LRP's normalisation rule lets only the std's calls be held,
+            not a sum or a mean of the module's own computation take a rule of its own). None: every entry acts.
     """
 
     name: str
@@ -57,6 +61,7 @@ class Rule:
     needs_input: bool = False
     owns_call: bool = False
     enter: Callable[[nn.Module], None] | None = None
+    inside: Callable[[Callable[..., Any]], bool] | None = None
 
 
 class RuleTable:
