@@ -89,13 +89,14 @@ def _bias_kv_block() -> nn.Module:
     return block
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
 @pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
 @pytest.mark.parametrize("make", [lambda: StyledBlock("einsum"), lambda: StyledBlock("baddbmm"), _bias_kv_block])
-def test_einsum_baddbmm_and_bias_kv_attention(make, composite: str) -> None:
+def test_einsum_baddbmm_and_bias_kv_attention(make, composite: str, eps: float) -> None:
     torch.manual_seed(13)
     model = make().double().eval()
     x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
-    got, want, _, _ = _both(model, x, composite, 1)
+    got, want, _, _ = _both(model, x, composite, 1, eps=eps)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))  # float64 rounding
 
 
@@ -225,13 +226,14 @@ class _TwoGates(nn.Module):
         return self.head(self.act3(h))
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
 @pytest.mark.parametrize("composite", ["attn-lrp", "cp-lrp"])
-def test_gates_guessed_and_zero_inputs_to_activations_keep_the_values(composite: str) -> None:
+def test_gates_guessed_and_zero_inputs_to_activations_keep_the_values(composite: str, eps: float) -> None:
     torch.manual_seed(21)
     model = _TwoGates().double().eval()
     x = torch.randn(3, 4, dtype=torch.float64)
     x[0, :] = 0.0  # the first row's activation inputs are exactly 0 (bias-free layers): the identity rule's mask
-    got, want, _, _ = _both(model, x, composite, 1)
+    got, want, _, _ = _both(model, x, composite, 1, eps=eps)
     # the relevance form with epsilon 0 divides by the zero row's zero pre-activations (NaN there): rows 1, 2 only
     big = float(want[1:].abs().max())
     torch.testing.assert_close(got[1:], want[1:], rtol=0, atol=1e-12 * big)  # float64 rounding
