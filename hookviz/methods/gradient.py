@@ -39,13 +39,16 @@ SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay
 
 def worst_gap(delta: Tensor, expected: Tensor, sums: Tensor) -> Tensor:
     """Whether any attribution's sum misses f(x) - f(baseline) by more than 1%, and the worst one's figures, from
-    (N, K) gaps `delta`, `expected` changes and `sums`: one float64 tensor on their device (missed, the worst's flat
-    index, its sum, its f(x) - f(baseline), its relative error), so that a check reads them in one copy."""
+    (N, K) gaps `delta`, `expected` changes and `sums`: one tensor on their device (missed, the worst's flat index,
+    its sum, its f(x) - f(baseline), its relative error), so that a check reads them in one copy. In float32 at
+    least (float64 where the sums or changes are: each figure exact; the index below 2**24), not float64 for float32,
+    which MPS lacks."""
     excess = delta.abs() - (0.01 * expected.abs() + 1e-8)
     rel = (delta.abs() / (expected.abs() + 1e-8)).flatten()
     worst = rel.argmax()
     picked = [t.flatten().take(worst) for t in (sums, expected, rel)]
-    return torch.stack([t.to(torch.float64) for t in ((excess > 0).any(), worst, *picked)])
+    dtype = torch.promote_types(torch.promote_types(sums.dtype, expected.dtype), torch.float32)
+    return torch.stack([t.to(dtype) for t in ((excess > 0).any(), worst, *picked)])
 
 
 def gap_text(method: str, gap: Tensor, columns: int) -> str | None:
