@@ -7,6 +7,7 @@ tensors (`attribute`) or `Explanation` objects that show themselves in Jupyter (
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._device import flush_checks
 from .concepts import CRP, TCAV, TCAVResult
 from .dataset import ExplanationStore, explain_dataset, load_explanations
 from .explanation import Explanation
@@ -157,6 +158,7 @@ __all__ = [
     "explain_dataset",
     "explain_generation",
     "explain_generation_latents",
+    "flush_checks",
     "evaluate_sae",
     "latent_attribution",
     "latent_edges",

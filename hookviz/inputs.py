@@ -133,7 +133,7 @@ def check_finite(t: Tensor, name: str) -> None:
         if queue is not None:
             queue.append((t, name, total))
             return
-        if math.isfinite(float(total)):
+        if math.isfinite(float(to_host([total])[0])):  # through `to_host`: its wait also runs earlier calls' checks
             return
     _raise_if_not_finite(t, name)
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from .._device import call_starts
 from .._modes import training_restored
 from .._present import present
 from ..classes import class_names
@@ -291,6 +292,7 @@ class Attribution:
         """
         from .forward import check_forward_args
 
+        call_starts()  # earlier calls' checks whose values have come warn before this call's own
         single = not isinstance(inputs, tuple)
         if not self.multi_input and (not single or additional_forward_args is not None):
             what = "a tuple of inputs" if not single else "additional_forward_args"

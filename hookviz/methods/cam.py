@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._device import after_work
 from ..hooks import HookError, HookManager, Selection
 from ..layouts import Layout, LayoutSpec, check_layout, resolve_layout
 from ..targets import (
@@ -197,21 +198,29 @@ class CAMAttribution(Attribution):
         return _weighted_sum(self._weights(a, g), a)
 
     def _warn_if_empty(self, cam: Tensor, grads: Tensor | None) -> None:
-        """Warn when every map is exactly zero: a blank figure must not come without a reason."""
-        if bool(cam.any()):
-            return
-        name = self.layer
-        if grads is not None and not bool(grads.any()):
-            why = (
-                f"the target's gradient at layer {name!r} is zero for every sample: nothing from this layer's "
-                "spatial positions reaches the score (e.g. only the class token goes on to the head from here, or "
-                "the classifier's weights are zero, as in some untrained models)"
-            )
-            hint = "try an earlier layer, e.g. the LayerNorm before the last attention block"
-        else:
-            why = f"at layer {name!r} the weighted sum of the channels is <= 0 everywhere, so the ReLU leaves nothing"
-            hint = "try another layer or target, or LayerCAM / HiResCAM"
-        warnings.warn(f"{type(self).__name__}: every map is zero: {why}; {hint} (pass layer=)", stacklevel=6)
+        """Warn when every map is exactly zero: a blank figure must not come without a reason. The flags are read
+        after the work without a wait on an accelerator (`hookviz._device.after_work`)."""
+        name, method = self.layer, type(self).__name__
+        flags = torch.stack([cam.any(), grads.any() if grads is not None else cam.new_ones((), dtype=torch.bool)])
+
+        def empty(values: list[Tensor]) -> str | None:
+            any_map, any_grad = values[0].tolist()
+            if any_map:
+                return None
+            if not any_grad:
+                why = (
+                    f"the target's gradient at layer {name!r} is zero for every sample: nothing from this layer's "
+                    "spatial positions reaches the score (e.g. only the class token goes on to the head from here, or "
+                    "the classifier's weights are zero, as in some untrained models)"
+                )
+                hint = "try an earlier layer, e.g. the LayerNorm before the last attention block"
+            else:
+                why = f"at layer {name!r} the weighted sum of the channels is <= 0 everywhere, so the ReLU "
+                why += "leaves nothing"
+                hint = "try another layer or target, or LayerCAM / HiResCAM"
+            return f"{method}: every map is zero: {why}; {hint} (pass layer=)"
+
+        after_work([flags], empty, method)
 
     def _record(
         self, x: Tensor | tuple[Tensor, ...], target: Any, forward_args: ForwardArgs | None = None

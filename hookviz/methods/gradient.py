@@ -14,7 +14,6 @@ over chunks, never over inputs, and the result does not depend on ``batch_size``
 
 from __future__ import annotations
 
-import warnings
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import int_at_least
-from .._device import to_device
+from .._device import after_work, to_device
 from ..hooks import HookManager, Selector
 from ..targets import BackwardStrategy, TargetPlan, Targets, TargetSpec, batched_grad, resolve_targets
 from .base import Attribution, register
@@ -36,6 +35,34 @@ IG_METHODS: tuple[str, ...] = ("riemann_left", "riemann_right", "riemann_middle"
 
 # Signed maps (input times gradient): sum the channels, keep 0 at the middle of the colour map.
 SIGNED_DISPLAY = {"reduce": "sum", "mode": "percentile", "cmap": "bwr", "overlay": False}
+
+
+def worst_gap(delta: Tensor, expected: Tensor, sums: Tensor) -> Tensor:
+    """Whether any attribution's sum misses f(x) - f(baseline) by more than 1%, and the worst one's figures, from
+    (N, K) gaps `delta`, `expected` changes and `sums`: one tensor on their device (missed, the worst's flat index,
+    its sum, its f(x) - f(baseline), its relative error), so that a check reads them in one copy. In float32 at
+    least (float64 where the sums or changes are: each figure exact; the index below 2**24), not float64 for float32,
+    which MPS lacks."""
+    excess = delta.abs() - (0.01 * expected.abs() + 1e-8)
+    rel = (delta.abs() / (expected.abs() + 1e-8)).flatten()
+    worst = rel.argmax()
+    picked = [t.flatten().take(worst) for t in (sums, expected, rel)]
+    dtype = torch.promote_types(torch.promote_types(sums.dtype, expected.dtype), torch.float32)
+    return torch.stack([t.to(dtype) for t in ((excess > 0).any(), worst, *picked)])
+
+
+def gap_text(method: str, gap: Tensor, columns: int) -> str | None:
+    """The start of a completeness warning from `worst_gap`'s values on the host (None where nothing is missed):
+    which input (and target column, of `columns`) misses f(x) - f(baseline) most, and by how much."""
+    missed, worst, total, expected, rel = gap.tolist()
+    if not missed:
+        return None
+    i, k = divmod(int(worst), columns)
+    where = f"input {i}" + (f", target column {k}" if columns > 1 else "")
+    return (
+        f"{method}: attributions of {where} sum to {total:.4g} but f(x) - f(baseline) = {expected:.4g} "
+        f"(error {rel:.1%} > 1%)"
+    )
 
 
 # -- shared helpers -------------------------------------------------------------------------------------------------
@@ -379,20 +406,19 @@ class IntegratedGradients(Attribution):
         return (attribution[0] if tap is not None else attribution), targets
 
     def _check_completeness(self, attribution: Tensor | tuple[Tensor, ...], fx: Tensor, fb: Tensor) -> None:
+        """``last_delta``, and a warning where the attributions miss f(x) - f(baseline) by more than 1% (`worst_gap`,
+        read after the work: no wait on an accelerator)."""
         parts = as_tuple(attribution)
         sums = sum(a.flatten(2).sum(2) for a in parts)  # (N, K), over all input tensors
         expected = fx.to(sums.dtype) - fb.to(sums.dtype)  # (N, K)
         delta = sums - expected
         self.last_delta = delta
-        excess = delta.abs() - (0.01 * expected.abs() + 1e-8)
-        if bool((excess > 0).any()):
-            rel = delta.abs() / (expected.abs() + 1e-8)
-            worst = int(rel.flatten().argmax())
-            i, k = divmod(worst, rel.shape[1])
-            where = f"input {i}" + (f", target column {k}" if rel.shape[1] > 1 else "")
-            warnings.warn(
-                f"IntegratedGradients: attributions of {where} sum to {float(sums[i, k]):.4g} but "
-                f"f(x) - f(baseline) = {float(expected[i, k]):.4g} (error {float(rel[i, k]):.1%} > 1%); increase "
-                f"steps (now {self.steps}, method={self.method!r}); see .last_delta",
-                stacklevel=6,
-            )
+        columns, steps, method = delta.shape[1], self.steps, self.method  # this call's, should the warning come later
+
+        def missed(values: list[Tensor]) -> str | None:
+            gap = gap_text("IntegratedGradients", values[0], columns)
+            if gap is None:
+                return None
+            return f"{gap}; increase steps (now {steps}, method={method!r}); see .last_delta"
+
+        after_work([worst_gap(delta, expected, sums)], missed, type(self).__name__)

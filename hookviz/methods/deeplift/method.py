@@ -8,17 +8,17 @@ $$ y_c(x) - y_c(x') $$ (summation-to-delta) wherever every nonlinear operation o
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..._device import after_work
 from ...hooks import HookManager
 from ...targets import BackwardStrategy, TargetPlan, Targets, batched_grad, class_logits, class_rows, resolve_targets
 from ..base import Attribution, register
 from ..baseline import baseline_like, check_baseline, check_distribution, check_distribution_shape, distribution
-from ..gradient import SIGNED_DISPLAY
+from ..gradient import SIGNED_DISPLAY, gap_text, worst_gap
 from ..rules import Coverage, RuleEngine, first_few
 from .table import rule_table
 
@@ -34,26 +34,21 @@ def _coverage_dict(coverage: Coverage) -> dict[str, Any]:
     return {"modules": modules, "functional": functional}
 
 
-def _warn_delta(
-    method: str, delta: Tensor, expected: Tensor, sums: Tensor, coverage: Coverage | None, stacklevel: int = 7
-) -> None:
-    excess = delta.abs() - (0.01 * expected.abs() + 1e-8)
-    if not bool((excess > 0).any()):  # the one read of the device when the sum holds
-        return
-    rel = delta.abs() / (expected.abs() + 1e-8)
-    worst = int(rel.flatten().argmax())
-    i, k = divmod(worst, rel.shape[1])
-    where = f"input {i}" + (f", target column {k}" if rel.shape[1] > 1 else "")
+def _warn_delta(method: str, delta: Tensor, expected: Tensor, sums: Tensor, coverage: Coverage | None) -> None:
+    """Warn where the attributions miss f(x) - f(baseline) by more than 1%, naming the operations without a rule:
+    the gap is read after the work, without a wait on an accelerator (`hookviz._device.after_work`)."""
+    columns = delta.shape[1]
     if coverage is not None and coverage.uncovered:
         ops = first_few(coverage.uncovered, 6)
         why = f"operations without a DeepLift rule ran: {ops}; they pass their plain gradient"
     else:
         why = "an operation the rule engine does not see (a custom kernel, TorchScript) passes its plain gradient"
-    warnings.warn(
-        f"{method}: attributions of {where} sum to {float(sums[i, k]):.4g} but f(x) - f(baseline) = "
-        f"{float(expected[i, k]):.4g} (error {float(rel[i, k]):.1%} > 1%): {why} (see .rule_coverage, .last_delta)",
-        stacklevel=stacklevel,
-    )
+
+    def missed(values: list[Tensor]) -> str | None:
+        gap = gap_text(method, values[0], columns)
+        return None if gap is None else f"{gap}: {why} (see .rule_coverage, .last_delta)"
+
+    after_work([worst_gap(delta, expected, sums)], missed, method)
 
 
 def _deeplift(
