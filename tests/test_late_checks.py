@@ -294,3 +294,23 @@ def _line_of(fragment: str) -> int:
     lines = open(__file__).read().splitlines()
     start = next(i for i, line in enumerate(lines) if "def test_not_ready_at_the_end_of_the_call" in line)
     return next(i for i in range(start, len(lines)) if fragment in lines[i]) + 1
+
+
+# -- on CUDA (tools/gpu_check.sh; CI has no GPU) -----------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")
+def test_on_cuda_the_values_come_without_a_wait_and_the_warning_once() -> None:
+    """The real accelerator path: queued behind a long matrix product, `after_work` copies its flag without a host
+    synchronisation (``set_sync_debug_mode("error")`` raises on one) and the check warns exactly once, at the end of
+    the call if the copy had already come, else at `flush_checks`."""
+    x = torch.randn(4096, 4096, device="cuda")
+    flag = torch.stack([(x @ x).isnan().any()])  # False once computed: the check below says so
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _device.after_work([flag], lambda v: f"flag {v[0].tolist()}", "Probe")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        hv.flush_checks()
+        hv.flush_checks()  # nothing left: no second warning
+    assert [m.split(" (from")[0] for m in messages(record)] == ["flag [False]"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA-only tests, for a machine with a GPU (CI has none): every registered method on CUDA against the CPU
-# (tests/test_cuda.py), load_images onto the GPU, SmoothGrad's generator on the inputs' device, and Lightning's fp16
-# GradScaler when lightning is installed.
+# (tests/test_cuda.py), load_images onto the GPU, SmoothGrad's generator on the inputs' device, the checks after the
+# work read without a wait (tests/test_late_checks.py), and Lightning's fp16 GradScaler when lightning is installed.
 #
 # Run from anywhere, with OUT set to a folder for the log:  OUT=/tmp/out bash tools/gpu_check.sh
 # It needs python3 with torch, torchvision and pytest, and hookviz's runtime dependencies (numpy, matplotlib, pillow,
@@ -19,6 +19,7 @@ tests=(
     tests/test_cuda.py
     tests/test_inputs.py::test_cuda_device
     tests/test_gradient_family.py::test_smoothgrad_generator_on_the_inputs_device
+    tests/test_late_checks.py::test_on_cuda_the_values_come_without_a_wait_and_the_warning_once
 )
 if "$py" -c "import lightning.pytorch, tensorboard" 2>/dev/null; then
     tests+=(tests/test_integrations_lightning.py::test_fp16_with_the_precision_plugins_scaler_reads_unscaled_gradients)
