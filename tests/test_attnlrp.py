@@ -260,6 +260,15 @@ def _hf(kind: str, impl: str = "eager") -> nn.Module:
             max_position_embeddings=32, num_labels=3,
         )  # fmt: skip
         model = tf.BertForSequenceClassification._from_config(cfg, attn_implementation=impl)
+    elif kind in _DECODERS:
+        # the LLaMA's relatives: Qwen2 (q, k, v biases), Gemma ((1 + w) RMSNorm, GELU-tanh gate, scaled embeddings),
+        # Mistral (sliding window), Phi-3 (fused qkv and gate-up projections), Qwen3 (q and k RMSNorms)
+        config, causal_lm, extra = _DECODERS[kind]
+        cfg = getattr(tf, config)(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=64, max_position_embeddings=32, **extra,
+        )  # fmt: skip
+        model = getattr(tf, causal_lm)._from_config(cfg, attn_implementation=impl)
     else:
         cfg = tf.ViTConfig(
             image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -269,8 +278,18 @@ def _hf(kind: str, impl: str = "eager") -> nn.Module:
     return model.eval()
 
 
-_LAST = {"llama": lambda out: out.logits[:, -1, 5], "gpt2": lambda out: out.logits[:, -1, 5]}
+_DECODERS: dict[str, tuple[str, str, dict]] = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 8}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 1}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+}
+
+
+_LAST = {k: (lambda out: out.logits[:, -1, 5]) for k in ("llama", "gpt2", *_DECODERS)}
 _EMBED = {"llama": "model.embed_tokens", "gpt2": "transformer.wte", "bert": "bert.embeddings.word_embeddings"}
+_EMBED |= dict.fromkeys(_DECODERS, "model.embed_tokens")
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "bert", "vit"])
@@ -317,7 +336,8 @@ def _deit() -> nn.Module:
 
 FAMILIES = [
     "timm-fused", "timm-explicit", "deit", "torchvision", "vit-eager", "vit-sdpa", "bert-eager", "bert-sdpa",
-    "gpt2-eager", "gpt2-sdpa", "llama-eager", "llama-sdpa",
+    "gpt2-eager", "gpt2-sdpa", "llama-eager", "llama-sdpa", "qwen2-sdpa", "gemma-sdpa", "mistral-sdpa", "phi3-sdpa",
+    "qwen3-sdpa",
 ]  # fmt: skip
 
 
