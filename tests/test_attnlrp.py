@@ -269,6 +269,17 @@ def _hf(kind: str, impl: str = "eager") -> nn.Module:
             intermediate_size=64, max_position_embeddings=32, **extra,
         )  # fmt: skip
         model = getattr(tf, causal_lm)._from_config(cfg, attn_implementation=impl)
+    elif kind == "dinov2":  # layer scale (a leaf with a parameter), register-free, class token and position embeddings
+        cfg = tf.Dinov2Config(
+            image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, num_labels=5,
+        )  # fmt: skip
+        model = tf.Dinov2ForImageClassification._from_config(cfg, attn_implementation=impl)
+    elif kind == "swin":  # windows, shifted windows, relative position bias (a leaf with a parameter), patch merging
+        cfg = tf.SwinConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[1, 2], window_size=4, num_labels=5
+        )
+        model = tf.SwinForImageClassification._from_config(cfg, attn_implementation=impl)
     else:
         cfg = tf.ViTConfig(
             image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -322,7 +333,7 @@ def _family(name: str) -> tuple[nn.Module, Tensor, dict]:
     if name == "torchvision":
         return _torchvision_vit(), img, {}
     kind, impl = name.split("-")
-    return _hf(kind, impl), (img if kind == "vit" else ids), {"layer": _EMBED.get(kind)}
+    return _hf(kind, impl), (img if kind in ("vit", "dinov2", "swin") else ids), {"layer": _EMBED.get(kind)}
 
 
 def _deit() -> nn.Module:
@@ -337,7 +348,7 @@ def _deit() -> nn.Module:
 FAMILIES = [
     "timm-fused", "timm-explicit", "deit", "torchvision", "vit-eager", "vit-sdpa", "bert-eager", "bert-sdpa",
     "gpt2-eager", "gpt2-sdpa", "llama-eager", "llama-sdpa", "qwen2-sdpa", "gemma-sdpa", "mistral-sdpa", "phi3-sdpa",
-    "qwen3-sdpa",
+    "qwen3-sdpa", "dinov2-sdpa", "swin-eager",
 ]  # fmt: skip
 
 

@@ -375,3 +375,40 @@ def test_sqrt_outside_a_norm_is_its_plain_gradient() -> None:
     w = model.lin.weight.detach()[1]
     want = x * (x / (2 * torch.sqrt(x * x + 1.0))) * w
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+class _LayerScale(nn.Module):
+    """A leaf with a parameter that no composite maps: a scaling by a constant (DINOv2's, timm's layer scale)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, d, dtype=torch.float64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class _ScaledBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc, self.ls, self.head = nn.LayerNorm(6), nn.Linear(6, 6), _LayerScale(6), nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x + self.ls(self.fc(self.norm(x))))
+
+
+def test_a_leaf_with_a_parameter_is_seen_call_by_call_by_the_transformer_composites() -> None:
+    """A transformer composite's rules cover functional calls, so a leaf layer with a parameter it does not map is
+    seen call by call (its product with the parameter: a scaling by a constant), not refused; a CNN composite, whose
+    rules go by layer, still refuses it, naming it."""
+    torch.manual_seed(3)
+    model = _ScaledBlock().double().eval()
+    x = torch.randn(2, 6, dtype=torch.float64)
+    for comp in ("attn-lrp", "cp-lrp"):
+        got, want, fast, _ = _both(model, x, comp, 1, eps=1e-6)  # warnings are errors: every call covered
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * float(want.abs().max()))  # float64 rounding
+        assert fast.rule_coverage is not None and not fast.rule_coverage.uncovered
+    with pytest.raises(
+        ValueError, match=r"has no rule for these layers with parameters: norm \(LayerNorm\), ls \(_LayerScale\)"
+    ):
+        hv.LRP(model, "epsilon-plus-flat")

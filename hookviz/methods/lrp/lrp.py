@@ -67,7 +67,8 @@ class LRP(Attribution):
     and the conservation ratio input relevance / f_c(x). The layers and operations are a rule table on the one rule
     engine (`hookviz.methods.rules`); ``self.rule_coverage`` is its report, and its one warning names the
     operations in the forward pass that no rule covers. A layer with parameters that the composite does not map
-    raises `ValueError` before any work.
+    raises `ValueError` before any work, except a layer without children under a transformer composite, whose
+    rules cover functional calls: it is seen call by call (DINOv2's layer scale, Swin's relative position bias).
 
     LRP runs in gradient-times-input form (`hookviz.methods.lrp.gradient_form`): one backward pass of modified
     gradients carrying relevance over activation, the input times its gradient, each stabilizer a factor
@@ -219,7 +220,10 @@ def _check_visible(model: nn.Module, comp: Composite) -> None:
 
 def _check_mapped(model: nn.Module, comp: Composite) -> None:
     """`ValueError` naming the layers with parameters that no rule of `comp` covers (their relevance would be the
-    plain gradient, silently)."""
+    plain gradient, silently). A transformer composite's rules cover functional calls too, so a layer without
+    children of its own that it does not map (DINOv2's layer scale, Swin's relative position bias) is seen call by
+    call instead: a product with its parameter is a scaling by a constant, a sum with it a sum with a constant, and
+    any call that no rule covers is reported after the pass (`rule_coverage`)."""
     named = comp.resolve_names(model)
     known = (*ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
     missing = []
@@ -228,6 +232,8 @@ def _check_mapped(model: nn.Module, comp: Composite) -> None:
             continue
         has_own_params = any(True for _ in module.parameters(recurse=False))
         if not has_own_params:
+            continue
+        if comp.transformer is not None and next(module.children(), None) is None:
             continue
         first = isinstance(module, LINEAR_LAYERS)
         if comp.by_type(module, first=first) is None and comp.by_type(module, first=False) is None:
