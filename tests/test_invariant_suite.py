@@ -292,7 +292,6 @@ def refuses(method: str, arch: str) -> bool:
 @pytest.mark.parametrize("method", SUITE_METHODS)
 @pytest.mark.filterwarnings("ignore:IntegratedGradients. attributions:UserWarning")  # 2 steps: rightly warned
 @pytest.mark.filterwarnings("ignore:DeepLift.*attributions:UserWarning")  # softmax, hardswish: rightly warned
-@pytest.mark.filterwarnings("ignore:LRP. operations that no rule covers:UserWarning")  # SE blocks' products
 def test_call_leaves_model_and_process_as_they_were(method, arch_model, scenario, eval_mode, explainers) -> None:
     arch, model, x, snap = arch_model
     grad_enabled = eval_mode  # keep-modes cases run under torch.no_grad()
@@ -390,7 +389,6 @@ def test_tcav_leaves_model_process_and_cache_as_they_were(arch_model, scenario, 
 @pytest.mark.parametrize("eval_mode", [True, False], ids=["eval", "keep-modes"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("arch_model", sorted(set(ARCHS) - set(LRP_REFUSES)), indirect=True)
-@pytest.mark.filterwarnings("ignore:LRP. operations that no rule covers:UserWarning")  # SE blocks' products
 def test_crp_leaves_model_and_process_as_they_were(arch_model, scenario, eval_mode, explainers) -> None:
     arch, model, x, snap = arch_model
     grad_enabled = eval_mode  # keep-modes cases run under torch.no_grad()

@@ -198,6 +198,7 @@ class LRPRun:
     entry = GradientFormRun.entry
     mark_nonnegative = LayerRules.mark_nonnegative
     nonnegative = LayerRules.nonnegative
+    mark_gate = LayerRules.mark_gate  # marked as the layer rules do; this form's products do not hold them
     concatenation = LayerRules.concatenation
 
     def __init__(self, model: nn.Module, composite: Composite, hooks: HookManager, canonize: bool) -> None:
@@ -217,6 +218,7 @@ class LRPRun:
         self.produced: dict[int, tuple[Tensor, _Call]] = {}  # output id -> (output, its linear call)
         # output id -> (weak reference to the output, its version then): outputs known to be >= 0 (`nonnegative`)
         self.signs: dict[int, tuple[weakref.ref[Tensor], int]] = {}
+        self.gates: dict[int, tuple[weakref.ref[Tensor], int]] = {}
         # output id -> (weak reference to the output, its Recompute, its version then): activation and normalisation
         # outputs, which the transformer composites' rules compute again in the backward pass instead of keeping them
         # (`keep`); weak, so that an output no rule reads is freed during the forward pass as it would be without LRP

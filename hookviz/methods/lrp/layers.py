@@ -55,6 +55,7 @@ ACTIVATION_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.elu: "F.elu",
     F.softplus: "F.softplus",
     F.mish: "F.mish",
+    F.hardsigmoid: "F.hardsigmoid",
 }
 INPLACE = {torch.relu_: torch.relu, Tensor.relu_: Tensor.relu, F.leaky_relu_: F.leaky_relu}
 # positively homogeneous activations: y / x is their gradient, so the identity rule is their plain gradient
@@ -64,6 +65,13 @@ HOMOGENEOUS_FUNCTIONS = {*RELU_FUNCTIONS, F.leaky_relu, F.leaky_relu_}
 NONNEGATIVE_MODULES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus)
 NONNEGATIVE_FUNCTIONS = {*RELU_FUNCTIONS, F.relu6, torch.sigmoid, Tensor.sigmoid, F.softplus}
 SIGN_KEEPING_MODULES: tuple[type[nn.Module], ...] = (*AVG_POOLS, *GRADIENT_LAYERS)  # pools, dropout, reshaping
+# gates: outputs of these activations scale another activation elementwise (a squeeze-excitation block's
+# ``x * sigmoid(...)``); the product holds the gate constant and the scaled signal takes all the relevance (LRP-all,
+# Arras et al., 2017, "Explaining Recurrent Neural Network Predictions in Sentiment Analysis"; the rule Arras et al.,
+# 2019, found the most faithful for gated products), so that the gate's own branch takes none
+GATE_MODULES: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Hardsigmoid)
+GATE_FUNCTIONS = {torch.sigmoid, Tensor.sigmoid, F.hardsigmoid}
+_PRODUCTS = {Tensor.mul, torch.mul}
 CONCATENATIONS = {torch.cat: "torch.cat", torch.concat: "torch.concat", torch.concatenate: "torch.concatenate"}
 POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.avg_pool1d: "F.avg_pool1d",
@@ -168,6 +176,16 @@ def affine_input(args: tuple, kwargs: dict, out: Any, reach: InputReach) -> Tens
     return None
 
 
+def _known(marks: dict[int, tuple[weakref.ref[Tensor], int]], t: Tensor) -> bool:
+    """Whether `t` or the tensor it is a view of is marked in `marks` (id -> (weak reference, version)), unchanged in
+    place since it was marked."""
+    for u in (t, t._base):
+        found = None if u is None else marks.get(id(u))
+        if found is not None and found[0]() is u and u._version == found[1]:
+            return True
+    return False
+
+
 def _bias_view(bias: Tensor | None, module: nn.Module, z: Tensor) -> Tensor | None:
     """The layer's bias shaped to broadcast against its output `z` (channels second for a convolution, last for a
     linear layer), for the audit's relevance that left; None without one."""
@@ -225,6 +243,7 @@ class LayerRules:
         self.produced: dict[int, tuple[Tensor, LayerCall | _Native]] = {}  # output id -> (output, its layer)
         # output id -> (weak reference to the output, its version then): outputs known to be >= 0 (`nonnegative`)
         self.signs: dict[int, tuple[weakref.ref[Tensor], int]] = {}
+        self.gates: dict[int, tuple[weakref.ref[Tensor], int]] = {}  # the same for gates (`gate`)
         self.leaf: Tensor | None = None  # the explained input, where the first layer's relevance goes whole
         self.sink: Tensor | None = None
 
@@ -234,6 +253,7 @@ class LayerRules:
                 layer.graph_x = None  # a graph tensor held by a graph node would be a reference cycle
         self.produced.clear()
         self.signs.clear()
+        self.gates.clear()
 
     # -- the table ------------------------------------------------------------------------------------------------
     def add_entries(self, table: RuleTable, hooked: Callable[[nn.Module], bool] | None = None) -> RuleTable:
@@ -258,6 +278,8 @@ class LayerRules:
                 isinstance(call.op, SIGN_KEEPING_MODULES) and isinstance(x, Tensor) and self.nonnegative(x)
             ):
                 self.mark_nonnegative(call.output if out is None else out)
+            if isinstance(call.op, GATE_MODULES):
+                self.mark_gate(call.output if out is None else out)
             return out
 
         def sum_rule(call: Call) -> Any:
@@ -287,11 +309,16 @@ class LayerRules:
         """Whether `t` (or the tensor it is a view of: a flattened pooling) is known to hold no negative value, as
         the forward pass computed it (unchanged in place since), so that a sign-splitting rule skips its x- terms
         without reading the values (`rules._split`)."""
-        for u in (t, t._base):
-            found = None if u is None else self.signs.get(id(u))
-            if found is not None and found[0]() is u and u._version == found[1]:
-                return True
-        return False
+        return _known(self.signs, t)
+
+    def mark_gate(self, t: Any) -> None:
+        """Note that the tensor `t` is a gate: a sigmoid's or hard sigmoid's output (`GATE_MODULES`)."""
+        if isinstance(t, Tensor):
+            self.gates[id(t)] = (weakref.ref(t), t._version)
+
+    def gate(self, t: Tensor) -> bool:
+        """Whether `t` (or the tensor it is a view of) is a gate as the forward pass computed it (`mark_gate`)."""
+        return _known(self.gates, t)
 
     # -- layers ---------------------------------------------------------------------------------------------------
     def rule_for(self, module: nn.Module) -> Rule | None:
@@ -476,6 +503,8 @@ class LayerRules:
                 out = x.copy_(out)
         if func in NONNEGATIVE_FUNCTIONS:
             self.mark_nonnegative(out)
+        if func in GATE_FUNCTIONS:
+            self.mark_gate(out)
         return out
 
     def pool(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -505,10 +534,15 @@ class LayerRules:
 
     def affine(self, engine_call: Call) -> Any:
         """An elementwise affine map by a constant (``x - m``, ``x / s``, ``x * c``; a parameter is a constant,
-        trainable or not): relevance passes unchanged (scaling: its own gradient; a shift: the identity rule); with
-        two inputs that depend on the explained input (a product: gating) no rule covers it (`NotImplemented`, the
-        engine reports it), the output as computed."""
+        trainable or not): relevance passes unchanged (scaling: its own gradient; a shift: the identity rule). A
+        product of a signal and a gate (`GATE_MODULES`, both depending on the explained input: a squeeze-excitation
+        block) holds the gate, a scaling of the signal, which takes all the relevance (LRP-all); other products of two
+        inputs that depend on the explained input have no rule (`NotImplemented`, the engine reports it), the output
+        as computed."""
         func, args, kwargs = engine_call.op, engine_call.args, engine_call.kwargs
+        held = self._held_gate(func, args, kwargs)
+        if held is not None:
+            return held
         out = func(*args, **kwargs)
         x = affine_input(args, kwargs, out, self.reach)
         if x is not None:
@@ -517,3 +551,20 @@ class LayerRules:
             return IdentityRuleFn.apply(x, (out.detach(),), None)
         engine_call.output = out
         return NotImplemented
+
+    def _held_gate(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Tensor | None:
+        """``signal * gate`` with the gate held (`affine`), the same values; None where the call is not a product of
+        exactly one gate and a signal that both depend on the explained input."""
+        if func not in _PRODUCTS or kwargs or len(args) != 2:
+            return None
+        a, b = args
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor) and self.reach.depends(a) and self.reach.depends(b)):
+            return None
+        ga, gb = self.gate(a), self.gate(b)
+        if ga == gb:
+            return None
+        signal = b if ga else a
+        out = func(a.detach(), b) if ga else func(a, b.detach())
+        if self.nonnegative(signal):  # a gate is >= 0 (sigmoid, hard sigmoid)
+            self.mark_nonnegative(out)
+        return out
