@@ -554,3 +554,27 @@ def test_no_composite_named_picks_one_that_fits_the_model() -> None:
     mixer = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3))
     assert "(chosen: a normalisation found: 1 (LayerNorm))" in repr(hv.LRP(mixer))
     assert "chosen" not in repr(hv.LRP(cnn, "epsilon"))
+
+    class HaloAttn(nn.Module):  # timm's names: "attn", not "attention"
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    halo = nn.Sequential(nn.Conv2d(3, 4, 3), HaloAttn(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    assert "(chosen: attention found: 1 (HaloAttn))" in repr(hv.LRP(halo))
+
+    class LayerScale2d(nn.Module):  # a leaf with a parameter (FastViT): the CNN composites refuse it
+        def __init__(self) -> None:
+            super().__init__()
+            self.gamma = nn.Parameter(torch.full((4, 1, 1), 0.5))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.gamma
+
+    scaled = nn.Sequential(nn.Conv2d(3, 4, 3), LayerScale2d(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"no rule for these layers with parameters: 1 \(LayerScale2d\)"):
+        hv.LRP(scaled, "epsilon-plus-flat")
+    lrp = hv.LRP(scaled)
+    assert "(chosen: a layer the CNN composites have no rule for: 1 (LayerScale2d))" in repr(lrp)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every call covered
+        assert torch.isfinite(lrp.attribute(torch.randn(1, 3, 8, 8), 1)).all()

@@ -220,10 +220,23 @@ def _check_visible(model: nn.Module, comp: Composite) -> None:
 
 def _check_mapped(model: nn.Module, comp: Composite) -> None:
     """`ValueError` naming the layers with parameters that no rule of `comp` covers (their relevance would be the
-    plain gradient, silently). A transformer composite's rules cover functional calls too, so a layer without
-    children of its own that it does not map (DINOv2's layer scale, Swin's relative position bias) is seen call by
-    call instead: a product with its parameter is a scaling by a constant, a sum with it a sum with a constant, and
-    any call that no rule covers is reported after the pass (`rule_coverage`)."""
+    plain gradient, silently; `_unmapped`)."""
+    missing = _unmapped(model, comp)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f", and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(
+            f"LRP composite {comp.name!r} has no rule for these layers with parameters: {shown}; add them to a "
+            "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())])); for "
+            "transformers use composite='attn-lrp' or 'cp-lrp'"
+        )
+
+
+def _unmapped(model: nn.Module, comp: Composite) -> list[str]:
+    """The layers with parameters of their own that no rule of `comp` covers, as "name (Type)". A transformer
+    composite's rules cover functional calls too, so a layer without children of its own that it does not map
+    (DINOv2's layer scale, Swin's relative position bias) is seen call by call instead: a product with its parameter
+    is a scaling by a constant, a sum with it a sum with a constant, and any call that no rule covers is reported
+    after the pass (`rule_coverage`)."""
     named = comp.resolve_names(model)
     known = (*ACTIVATIONS, *AVG_POOLS, *BATCH_NORMS, *GRADIENT_LAYERS)
     missing = []
@@ -238,29 +251,28 @@ def _check_mapped(model: nn.Module, comp: Composite) -> None:
         first = isinstance(module, LINEAR_LAYERS)
         if comp.by_type(module, first=first) is None and comp.by_type(module, first=False) is None:
             missing.append(f"{name or '(model)'} ({type(module).__name__})")
-    if missing:
-        shown = ", ".join(missing[:8]) + (f", and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise ValueError(
-            f"LRP composite {comp.name!r} has no rule for these layers with parameters: {shown}; add them to a "
-            "Composite's type_map or name_map (e.g. composite(name, type_map=[(nn.LayerNorm, Pass())])); for "
-            "transformers use composite='attn-lrp' or 'cp-lrp'"
-        )
+    return missing
 
 
 def fitting_composite(model: nn.Module) -> tuple[str, str]:
     """(composite name, why) for `model` when none is named: AttnLRP where the model has attention (a module of
-    ``nn.MultiheadAttention`` or one whose class name says attention, as in timm and Hugging Face) or a
+    ``nn.MultiheadAttention`` or one whose class name says attention or attn, as in timm and Hugging Face), a
     normalisation the CNN composites have no rule for (``nn.LayerNorm``, ``nn.RMSNorm``, a norm by class name:
-    ConvNeXt, MLP-Mixer); zennit's ``EpsilonPlusFlat`` otherwise (convolutional networks)."""
+    ConvNeXt, MLP-Mixer) or another layer with parameters they have no rule for and AttnLRP's functional rules
+    cover (a layer scale: FastViT; ResMLP's affine maps); zennit's ``EpsilonPlusFlat`` otherwise (convolutional
+    networks)."""
     modules = list(model.named_modules())
     for name, module in modules:
         kind = type(module).__name__
-        if isinstance(module, nn.MultiheadAttention) or "attention" in kind.lower():
+        if isinstance(module, nn.MultiheadAttention) or "attention" in kind.lower() or "attn" in kind.lower():
             return "attn-lrp", f"attention found: {name or 'the model'} ({kind})"
     for name, module in modules:
         kind = type(module).__name__
         if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or module_kind(module) == "norm":
             return "attn-lrp", f"a normalisation found: {name or 'the model'} ({kind})"
+    missing = _unmapped(model, _named_composite("epsilon-plus-flat"))
+    if missing and not _unmapped(model, _named_composite("attn-lrp")):
+        return "attn-lrp", f"a layer the CNN composites have no rule for: {missing[0]}"
     return "epsilon-plus-flat", "no attention or LayerNorm: a convolutional network"
 
 
