@@ -39,7 +39,7 @@ from .composites import ACTIVATIONS, AVG_POOLS, BATCH_NORMS, GRADIENT_LAYERS, LI
 from .gradient_ops import GradientOps, _again
 from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
-from .layers import ADD_FUNCTIONS, LayerRules, neutral, uncovered
+from .layers import ADD_FUNCTIONS, LayerRules, neutral
 from .norm import NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
@@ -285,7 +285,7 @@ class GradientFormRun:
     # -- the table ------------------------------------------------------------------------------------------------
     def table(self) -> RuleTable:
         if self.ops is None:
-            return self.layers.add_entries(RuleTable(uncovered=uncovered, passes=neutral))
+            return self.layers.add_entries(RuleTable(uncovered=self.layers.report, passes=neutral))
         active = self._active
         comp = self.composite
         ops = self.ops
@@ -396,7 +396,7 @@ class GradientFormRun:
             (its rule covers the module) nor those whose plain gradient is their rule in this form."""
             if self.norms:
                 return None
-            name = uncovered(func, args, kwargs)
+            name = self.layers.report(func, args, kwargs)
             return None if name in _EXACT_AS_GRADIENT else name
 
         # lxt's rules (every stabilizer 0): linear layers, sums and pooling are their plain gradients, and every
@@ -414,6 +414,7 @@ class GradientFormRun:
             .functions({SDPA: "F.scaled_dot_product_attention"}, owned("attention", self._sdpa))
             .functions({MHA: "F.multi_head_attention_forward"}, owned("attention", self._mha))
             .functions(NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
+            .functions({F.normalize: "F.normalize"}, owned("identity-norm", self._normalize))
             .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
         )
@@ -643,6 +644,22 @@ class GradientFormRun:
         if self.norms[-1][1] is None:
             self.norms[-1][1] = out.dtype if out.is_floating_point() else torch.float64
         return out.detach()
+
+    def _normalize(self, call: Call) -> Any:
+        """``F.normalize`` (x over its p-norm along `dim`: cosine attention, XCiT's cross-covariance attention) by the
+        identity rule, the norm held constant: ``x / c`` with c = max(||x||_p, eps) as ``F.normalize`` computes it,
+        the map linear in x, with the rule's stabilizer at its output (`_norm_factor`)."""
+        names = ("input", "p", "dim", "eps", "out")
+        a = dict(zip(names, call.args, strict=False)) | call.kwargs
+        x = a.get("input")
+        if a.get("out") is not None or not (isinstance(x, Tensor) and self.reach.depends(x)) or set(a) - set(names):
+            return NotImplemented
+        p, dim, eps = a.get("p", 2.0), a.get("dim", 1), a.get("eps", 1e-12)
+        with torch.no_grad():  # F.normalize's own steps: the same values
+            c = x.norm(p, dim, keepdim=True).clamp_min(eps).expand_as(x)
+        y = x / c
+        op = call.op
+        return self._norm_factor(call.name, y, lambda t: op(t, p, dim, eps), x)
 
     def _norm_function(self, call: Call) -> Any:
         """``F.layer_norm`` / ``F.rms_norm`` (``nn.LayerNorm`` / ``nn.RMSNorm`` call them) with 1/std held constant.

@@ -72,6 +72,7 @@ SIGN_KEEPING_MODULES: tuple[type[nn.Module], ...] = (*AVG_POOLS, *GRADIENT_LAYER
 GATE_MODULES: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Hardsigmoid)
 GATE_FUNCTIONS = {torch.sigmoid, Tensor.sigmoid, F.hardsigmoid}
 _PRODUCTS = {Tensor.mul, torch.mul}
+_DIFFERENCES = {Tensor.sub, torch.sub}
 CONCATENATIONS = {torch.cat: "torch.cat", torch.concat: "torch.concat", torch.concatenate: "torch.concatenate"}
 POOL_FUNCTIONS: dict[Callable[..., Any], str] = {
     F.avg_pool1d: "F.avg_pool1d",
@@ -110,6 +111,11 @@ _NEUTRAL = {
     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "movedim", "narrow", "select", "roll",
     "flip", "pad", "__get__", "size", "dim", "numel", "requires_grad_", "cpu", "cuda", "__setitem__", "copy_",
     "identity", "repeat", "tile", "squeeze_", "unsqueeze_", "view_as_real", "index_select", "gather",
+    # routing; a maximum's winner takes all, as in max pooling
+    "swapaxes", "swapdims", "moveaxis", "unfold", "amax", "max",
+    "new_zeros", "new_ones", "new_full", "new_empty", "zeros_like", "ones_like", "empty_like", "full_like", "zero_",
+    # linear maps without parameters: their gradient is LRP-0's rule in gradient-times-input form
+    "sum", "interpolate", "upsample",
 }  # fmt: skip
 
 EntryCall = Callable[[str, Rule], AuditEntry]
@@ -299,6 +305,16 @@ class LayerRules:
             .functions(CONCATENATIONS, EngineRule("signs", self.concatenation, owns_call=True))
         )
 
+    def report(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> str | None:
+        """`uncovered`, for calls on tensors that depend on the explained input (read from the graph: `InputReach`):
+        a computation on parameters alone (a logit scale's ``exp``, a weight standardisation) routes no relevance and
+        is not reported, trainable or not."""
+        name = uncovered(func, args, kwargs)
+        if name is None:
+            return None
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+        return name if any(self.reach.depends(t) for t in tensors) else None
+
     # -- what is >= 0 ---------------------------------------------------------------------------------------------
     def mark_nonnegative(self, t: Any) -> None:
         """Note that the tensor `t` holds no negative value (a ReLU's output, a pooling of one)."""
@@ -472,8 +488,10 @@ class LayerRules:
         pair = branches(func, args, kwargs, self.reach)
         if pair is None:
             return func(*args, **kwargs)
-        a, b = pair
-        inplace = func is Tensor.add_
+        return self._sum(*pair, ADD_FUNCTIONS[func], inplace=func is Tensor.add_)
+
+    def _sum(self, a: Tensor, b: Tensor, what: str, inplace: bool = False) -> Tensor:
+        """``a + b`` (written into `a` where `inplace`) with the composite's sum rule, audited as `what`."""
         rule = self.composite.sum_rule
         stabilizer = getattr(rule, "stabilizer", 0.0)
         z = torch.add(a, b)
@@ -481,9 +499,9 @@ class LayerRules:
             # in place, the sum is visible only through `a`, which the copy below writes: z itself is never changed
             again = None
             if not inplace:
-                ra, rb = _checked(a, ADD_FUNCTIONS[func]), _checked(b, ADD_FUNCTIONS[func])
+                ra, rb = _checked(a, what), _checked(b, what)
                 again = lambda: ra() + rb()  # noqa: E731
-            z = stabilized(z, Site(self.entry(ADD_FUNCTIONS[func], rule), stabilizer, z, again, self.n))
+            z = stabilized(z, Site(self.entry(what, rule), stabilizer, z, again, self.n))
         return a.copy_(z) if inplace else z
 
     def activation(self, engine_call: Call) -> Any:
@@ -543,6 +561,12 @@ class LayerRules:
         held = self._held_gate(func, args, kwargs)
         if held is not None:
             return held
+        if func in _DIFFERENCES and not kwargs and len(args) == 2:
+            pair = branches(torch.add, args, {}, self.reach)
+            if pair is not None:
+                # a difference of two branches is the sum a + (-b), the same values (IEEE subtraction adds the
+                # negation exactly): the sum rule, as for an addition
+                return self._sum(pair[0], torch.neg(pair[1]), AFFINE_FUNCTIONS[func])
         out = func(*args, **kwargs)
         x = affine_input(args, kwargs, out, self.reach)
         if x is not None:
