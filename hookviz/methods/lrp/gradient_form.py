@@ -40,7 +40,7 @@ from .gradient_ops import GradientOps, _again
 from .held_attention import held_attention
 from .identity import IdentityRuleFn, again_module
 from .layers import ADD_FUNCTIONS, LayerRules, neutral
-from .norm import NormMap, norm_map
+from .norm import GroupNormFn, NormMap, norm_map
 from .output_rows import output_layer, rows_reached
 from .rules import Affine, Epsilon, Gradient, LinearRule, Norm, Pass, Rule
 from .stabilized_rows import stabilized_rows
@@ -415,6 +415,7 @@ class GradientFormRun:
             .functions({MHA: "F.multi_head_attention_forward"}, owned("attention", self._mha))
             .functions(NORM_FUNCTIONS, owned("identity-norm", self._norm_function))
             .functions({F.normalize: "F.normalize"}, owned("identity-norm", self._normalize))
+            .functions({F.group_norm: "F.group_norm"}, owned("identity-norm", self._group_norm))
             .functions(_STD_FUNCTIONS, owned("identity-norm", self._std))
             .functions(_ACTIVATION_FUNCTIONS, owned("identity", self._activation))
         )
@@ -660,6 +661,22 @@ class GradientFormRun:
         y = x / c
         op = call.op
         return self._norm_factor(call.name, y, lambda t: op(t, p, dim, eps), x)
+
+    def _group_norm(self, call: Call) -> Any:
+        """``F.group_norm`` (``nn.GroupNorm``, timm's ``GroupNormAct``: BiT, PoolFormer) by the identity rule, each
+        group's std held constant (`GroupNormFn`), with the rule's stabilizer at its output (`_norm_factor`)."""
+        names = ("input", "num_groups", "weight", "bias", "eps")
+        a = dict(zip(names, call.args, strict=False)) | call.kwargs
+        x = a.get("input")
+        if not (isinstance(x, Tensor) and self.reach.depends(x) and x.dim() >= 2) or set(a) - set(names):
+            return NotImplemented
+        w, b = a.get("weight"), a.get("bias")
+        with torch.no_grad():  # the rule's Function gives the output its backward
+            out = call.op(*call.args, **call.kwargs)
+        y = GroupNormFn.apply(x, (out,), int(a["num_groups"]), w, float(a.get("eps", 1e-5)))
+        op, rest = call.op, {k: v for k, v in a.items() if k != "input"}
+        offset = None if b is None else b.view(1, -1, *(1,) * (x.dim() - 2))
+        return self._norm_factor(call.name, y, lambda t: op(t, **rest), x, offset)
 
     def _norm_function(self, call: Call) -> Any:
         """``F.layer_norm`` / ``F.rms_norm`` (``nn.LayerNorm`` / ``nn.RMSNorm`` call them) with 1/std held constant.

@@ -1,13 +1,15 @@
 r"""The identity rule on normalisations (AttnLRP, Achtibat et al., 2024, Sec. 3.3.2): LayerNorm / RMSNorm with
 1/std held constant is the linear map $$ y = A x + b $$ (`NormMap`, found for a module by `norm_map`); in gradient
-form its transpose carries the gradient (`gradient_form`)."""
+form its transpose carries the gradient (`gradient_form`). GroupNorm the same, per group (`GroupNormFn`)."""
 
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 
 def _eps_of(module: nn.Module, x: Tensor) -> float:
@@ -103,3 +105,29 @@ def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap
         "LayerNorm nor an RMSNorm of its last dimension (with its weight and bias), so the identity rule cannot be "
         "applied; give it a rule in the composite's name_map"
     )
+
+
+class GroupNormFn(torch.autograd.Function):
+    r"""Output: ``F.group_norm``'s output as computed (boxed); backward: the transpose of the map with each group's
+    1/std held constant, $$ y = w_c (x - \mu_g) r_g + b_c $$: $$ g_x = h - \mathrm{mean}_g(h) $$ with
+    $$ h = g\, w_c\, r_g $$ (the centring is its own transpose). The groups' 1/std, (N, G, 1), is taken in the
+    forward pass and kept; half precision is carried in float32."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], groups: int, weight: Tensor | None, eps: float) -> Tensor:
+        xg = x.detach().reshape(x.shape[0], groups, -1)
+        xf = xg.float() if xg.dtype in (torch.float16, torch.bfloat16) else xg
+        ctx.save_for_backward(torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + eps))
+        ctx.groups, ctx.weight = groups, None if weight is None else weight.detach()
+        return ybox[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None, None]:
+        (rstd,) = ctx.saved_tensors
+        h = g.to(rstd.dtype)
+        if ctx.weight is not None:
+            h = h * ctx.weight.to(rstd.dtype).view(1, -1, *(1,) * (g.dim() - 2))
+        hg = h.reshape(g.shape[0], ctx.groups, -1) * rstd
+        hg = hg - hg.mean(-1, keepdim=True)
+        return hg.reshape(g.shape).to(g.dtype), None, None, None, None
