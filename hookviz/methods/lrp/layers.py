@@ -19,9 +19,11 @@ linear layer to run, then the type map), resolved at each call:
 - `Gradient` (max pooling, dropout, reshaping): the plain gradient.
 
 z+, alpha-beta and gamma skip their x- terms where the forward pass showed the input >= 0 (a ReLU's output, pooled,
-reshaped, concatenated: `nonnegative`), without reading a value. Functional operations that no rule covers
-(``F.conv2d`` called directly, ``torch.matmul``, an SE block's product) are the table's ``uncovered`` calls, named in
-the engine's one warning; their gradient is their plain gradient (in this form: relevance over activation).
+reshaped, concatenated: `nonnegative`), without reading a value. A squeeze-excitation product holds its gate (a
+sigmoid's output: `gate`), a difference of two branches takes the sum rule. Functional operations that no rule covers
+(``F.conv2d`` called directly, ``torch.matmul``) on tensors that depend on the explained input are the table's
+``uncovered`` calls (`LayerRules.report`), named in the engine's one warning; their gradient is their plain gradient
+(in this form: relevance over activation).
 """
 
 from __future__ import annotations
