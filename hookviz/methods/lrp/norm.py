@@ -110,24 +110,35 @@ def norm_map(name: str, module: nn.Module, x: Tensor, output: Tensor) -> NormMap
 class GroupNormFn(torch.autograd.Function):
     r"""Output: ``F.group_norm``'s output as computed (boxed); backward: the transpose of the map with each group's
     1/std held constant, $$ y = w_c (x - \mu_g) r_g + b_c $$: $$ g_x = h - \mathrm{mean}_g(h) $$ with
-    $$ h = g\, w_c\, r_g $$ (the centring is its own transpose). The groups' 1/std, (N, G, 1), is taken in the
-    forward pass and kept; half precision is carried in float32."""
+    $$ h = g\, w_c\, r_g $$ (the centring is its own transpose). The groups' 1/std, (N, G, 1), is kept: `rstd` as
+    ``torch.native_group_norm`` computed it with the output where given, else taken here; half precision is carried
+    in float32."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ybox: tuple[Tensor], groups: int, weight: Tensor | None, eps: float) -> Tensor:
-        xg = x.detach().reshape(x.shape[0], groups, -1)
-        xf = xg.float() if xg.dtype in (torch.float16, torch.bfloat16) else xg
-        ctx.save_for_backward(torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + eps))
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        ybox: tuple[Tensor],
+        groups: int,
+        weight: Tensor | None,
+        eps: float,
+        rstd: Tensor | None = None,
+    ) -> Tensor:
+        if rstd is None:
+            xg = x.detach().reshape(x.shape[0], groups, -1)
+            xf = xg.float() if xg.dtype in (torch.float16, torch.bfloat16) else xg
+            rstd = torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + eps)
+        ctx.save_for_backward(rstd.reshape(x.shape[0], groups, 1))
         ctx.groups, ctx.weight = groups, None if weight is None else weight.detach()
         return ybox[0]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None, None, None]:
         (rstd,) = ctx.saved_tensors
         h = g.to(rstd.dtype)
         if ctx.weight is not None:
             h = h * ctx.weight.to(rstd.dtype).view(1, -1, *(1,) * (g.dim() - 2))
         hg = h.reshape(g.shape[0], ctx.groups, -1) * rstd
         hg = hg - hg.mean(-1, keepdim=True)
-        return hg.reshape(g.shape).to(g.dtype), None, None, None, None
+        return hg.reshape(g.shape).to(g.dtype), None, None, None, None, None
